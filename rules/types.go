@@ -187,19 +187,19 @@ const (
 type Reason string
 
 const (
-	ReasonDeadlineExceeded            Reason = "deadline_exceeded"
-	ReasonRequestBudgetExhausted      Reason = "request_budget_exhausted"
-	ReasonRateLimited                 Reason = "rate_limited"
-	ReasonTransportFailuresExhausted  Reason = "transport_failures_exhausted"
-	ReasonUnknownState                Reason = "unknown_state"
-	ReasonAuthorizationDenied         Reason = "authorization_denied"
-	ReasonJobFailed                   Reason = "job_failed"
-	ReasonJobCancelled                Reason = "job_cancelled"
-	ReasonJobExpired                  Reason = "job_expired"
-	ReasonJobNotFound                 Reason = "job_not_found"
-	ReasonContradiction               Reason = "contradiction"
-	ReasonInvalidResponse             Reason = "invalid_response"
-	ReasonResubmissionBlocked         Reason = "resubmission_blocked"
+	ReasonDeadlineExceeded           Reason = "deadline_exceeded"
+	ReasonRequestBudgetExhausted     Reason = "request_budget_exhausted"
+	ReasonRateLimited                Reason = "rate_limited"
+	ReasonTransportFailuresExhausted Reason = "transport_failures_exhausted"
+	ReasonUnknownState               Reason = "unknown_state"
+	ReasonAuthorizationDenied        Reason = "authorization_denied"
+	ReasonJobFailed                  Reason = "job_failed"
+	ReasonJobCancelled               Reason = "job_cancelled"
+	ReasonJobExpired                 Reason = "job_expired"
+	ReasonJobNotFound                Reason = "job_not_found"
+	ReasonContradiction              Reason = "contradiction"
+	ReasonInvalidResponse            Reason = "invalid_response"
+	ReasonResubmissionBlocked        Reason = "resubmission_blocked"
 )
 
 // Budget is the authorized limit of one operation. It is fixed at creation
