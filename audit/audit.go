@@ -28,6 +28,7 @@ type Entry struct {
 	DelaySource string    `json:"delay_source,omitempty"`
 	Used        int       `json:"status_requests_used"`
 	Max         int       `json:"status_requests_max"`
+	EarlyPolls  int       `json:"early_polls,omitempty"` // early polls answered by pollgate so far (R7)
 	DeadlineAt  time.Time `json:"deadline_at,omitzero"`
 	Reason      string    `json:"reason,omitempty"`
 	Actor       string    `json:"actor,omitempty"` // who, for admin steps
