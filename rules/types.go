@@ -53,6 +53,10 @@ type Template struct {
 	// FieldURL is set when the template is "{field}": the URL is taken from
 	// the named body field of the success response.
 	FieldURL string
+	// Query is a fixed query string written after "?" in the template
+	// (e.g. "api-version=2024-11-30"). It is ignored by Match and appended
+	// by Expand. Placeholders are not allowed in it.
+	Query string
 }
 
 type SubmitSpec struct {
@@ -67,6 +71,14 @@ type StatusSpec struct {
 	State           string // gjson path of the state (string or boolean)
 	States          StateTable
 	SuccessRequires []string // gjson paths that must be present and valid (R3)
+	// SuccessForbids lists gjson paths that must be absent (or null) for a
+	// success state to count as success; when one is present the job failed
+	// (e.g. a Google operation with done=true and an error). Optional.
+	SuccessForbids []string
+	// StateDefault is the state assumed when the state field is absent
+	// (e.g. "false" for Google operations, whose done is omitted while
+	// false). Optional; without it a missing state is unknown (R2).
+	StateDefault    string
 	Hints           Hints
 	Error           string // gjson path of the provider error kept on failure
 	RequestIDHeader string // R17
