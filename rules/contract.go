@@ -861,7 +861,7 @@ func (l *loader) checkOverlaps(ps []*Provider) {
 			if a.p == b.p {
 				l.add(b.p.Line, b.p.Name, string(b.kind)+".request", fmt.Sprintf("%q overlaps %s.request %q", b.t.String(), a.kind, a.t.String()), "each call of a provider needs a distinct method or path")
 			} else {
-				l.add(b.p.Line, b.p.Name, string(b.kind)+".request", fmt.Sprintf("%s%s overlaps provider %q (line %d) %s.request", strings.TrimSuffix(b.p.BaseURL.String(), "/"), b.t.String(), a.p.Name, a.p.Line, a.kind),
+				l.add(b.p.Line, b.p.Name, string(b.kind)+".request", fmt.Sprintf("%q on %s overlaps provider %q (line %d) %s.request %q", b.t.String(), b.p.BaseURL.String(), a.p.Name, a.p.Line, a.kind, a.t.String()),
 					"two providers may not claim the same request; use distinct base_url path prefixes or templates")
 			}
 		}
