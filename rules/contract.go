@@ -668,12 +668,14 @@ func (l *loader) status(n *yaml.Node, p *Provider) {
 			dst  *[]string
 		}{{"waiting", &st.States.Waiting}, {"success", &st.States.Success}, {"failure", &st.States.Failure}, {"cancelled", &st.States.Cancelled}, {"expired", &st.States.Expired}}
 		owner := map[string]string{}
+		written := map[string]bool{} // categories with entries, even rejected ones
 		for _, c := range cats {
 			cn, ok := sm[c.name]
 			if !ok {
 				continue
 			}
 			for _, s := range l.strList(cn, name, "status.states."+c.name) {
+				written[c.name] = true
 				if prev, dup := owner[s]; dup {
 					if prev == c.name {
 						l.add(cn.Line, name, "status.states", fmt.Sprintf("%q is listed twice in %s", s, c.name), "list each state once")
@@ -690,10 +692,10 @@ func (l *loader) status(n *yaml.Node, p *Provider) {
 				*c.dst = append(*c.dst, s)
 			}
 		}
-		if sm != nil && len(st.States.Waiting) == 0 {
+		if sm != nil && !written["waiting"] {
 			l.add(v.Line, name, "status.states.waiting", "no waiting state", "list the states in which the job is still running, e.g. [queued, running]")
 		}
-		if sm != nil && len(st.States.Success) == 0 {
+		if sm != nil && !written["success"] {
 			l.add(v.Line, name, "status.states.success", "no success state", "list the states in which the result is ready, e.g. [succeeded]")
 		}
 		if st.StateDefault != "" && sm != nil {
