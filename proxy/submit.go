@@ -1,0 +1,323 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"pollgate/audit"
+	"pollgate/ledger"
+	"pollgate/rules"
+)
+
+// submit governs a submission (R4, R14, R20): a repeated identical request
+// while the earlier operation is still waiting or escalated is refused
+// unless it carries the contract's idempotency header (or a person allowed
+// one resubmission); otherwise it is forwarded and, on 2xx, the operation
+// record is created before the answer reaches the agent.
+func (p *Proxy) submit(cl *call) *http.Response {
+	req, prov := cl.req, cl.prov
+	var body []byte
+	if req.Body != nil && req.Body != http.NoBody {
+		b, large, rest, err := peekBody(req.Body, p.cfg.MaxBody)
+		if err != nil {
+			return errorResponse(req, http.StatusBadRequest, "bad_request", "failed to read the request body: "+err.Error())
+		}
+		req.Body = rest
+		if large {
+			// Too large to fingerprint: forwarded, the record comes with the
+			// first status call.
+			cl.log.Warn("submission body larger than --max-body; forwarded without a request fingerprint", "max_body", p.cfg.MaxBody)
+			return p.passThrough(req)
+		}
+		body = b
+	}
+	account := rules.AccountFingerprint(p.cfg.AccountKey, req.Header.Get(accountHeader(prov)))
+	fp := rules.RequestFingerprint(req.Method, matchURL(req.URL), body)
+	idem := ""
+	if prov.Submit != nil && prov.Submit.IdempotencyHeader != "" {
+		idem = req.Header.Get(prov.Submit.IdempotencyHeader)
+	}
+	now := p.cfg.Now()
+	if idem == "" {
+		prev, err := step(p, "find_submission", func(ctx context.Context) (*rules.Operation, error) {
+			return p.cfg.Store.FindSubmission(ctx, prov.Name, account, fp)
+		})
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+		case err != nil:
+			return p.ledgerDown(cl, "find_submission", err)
+		case prev.Phase == rules.PhaseWaiting || prev.Phase == rules.PhaseEscalated:
+			if resp := p.resubmission(cl, prev, now); resp != nil {
+				return resp
+			}
+		}
+	} else if err := p.ping(); err != nil {
+		return p.ledgerDown(cl, "ping", err)
+	}
+
+	up, err := p.send(prov.Name, upstreamRequest(req))
+	if err != nil {
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the submission: "+err.Error())
+	}
+	if up.StatusCode < 200 || up.StatusCode > 299 {
+		stripHopResponse(up)
+		h := up.Header
+		h.Set(HeaderDecision, DecisionForwarded)
+		return up
+	}
+	peek, large, rest, err := peekBody(up.Body, p.cfg.MaxBody)
+	if err != nil {
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "failed to read the provider's submission answer: "+err.Error())
+	}
+	up.Body = rest
+	stripHopResponse(up)
+	rr := rules.Response{StatusCode: up.StatusCode, Header: up.Header, At: now, BodyTooLarge: large}
+	if !large {
+		rr.Body = peek
+	}
+	sub, err := rules.ParseSubmission(prov, rr, matchURL(req.URL))
+	if err != nil {
+		cl.log.Warn("submission answer names no job; no record until the first status call", "err", err)
+		up.Header.Set(HeaderDecision, DecisionForwarded)
+		return up
+	}
+	now = p.cfg.Now()
+	op := rules.NewOperation(prov, cl.c, opID(req), sub.JobID, account, rules.OriginSubmission, now, p.rnd)
+	op.RequestFingerprint = fp
+	op.IdempotencyKey = idem
+	op.StatusURL = sub.StatusURL
+	e := entry(op, "created", nil, now)
+	e.Decision = "submitted"
+	e.Story = createdStory(op)
+	cr, err := step(p, "create", func(ctx context.Context) (created, error) {
+		o, n, err := p.cfg.Store.Create(ctx, op, e)
+		return created{o, n}, err
+	})
+	if err != nil {
+		// The job exists at the provider; the agent must learn its id.
+		cl.log.Error("submission forwarded but its record could not be created; it will be created on the first status call",
+			"job", sub.JobID, "err", err)
+		up.Header.Set(HeaderDecision, DecisionForwarded)
+		return up
+	}
+	if cr.new {
+		cl.log.Info("operation created", "op", cr.op.ID, "job", cr.op.JobID, "deadline", cr.op.DeadlineAt)
+	}
+	setGoverned(up.Header, cr.op, DecisionForwarded)
+	return up
+}
+
+// resubmission handles an identical submission while prev still waits or
+// escalated. It returns nil when the submission may go ahead (a person
+// allowed one resubmission), else the 409 refusal.
+func (p *Proxy) resubmission(cl *call, prev *rules.Operation, now time.Time) *http.Response {
+	if prev.ResubmissionAllowed {
+		_, err := step(p, "update", func(ctx context.Context) (*rules.Operation, error) {
+			return p.cfg.Store.Update(ctx, prev.ID, now, func(op *rules.Operation) (audit.Entry, error) {
+				if !op.ResubmissionAllowed {
+					return audit.Entry{}, ledger.ErrConflict
+				}
+				op.ResubmissionAllowed = false
+				op.UpdatedAt = now
+				e := entry(op, "resubmission_used", nil, now)
+				e.Decision = DecisionForwarded
+				e.Story = "identical submission forwarded once, as a person allowed"
+				return e, nil
+			})
+		})
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ledger.ErrConflict) {
+			return p.ledgerDown(cl, "update", err)
+		}
+		// Someone else used the one allowed resubmission: refuse.
+	}
+	why := fmt.Sprintf("an identical submission already created operation %s (job %s, %s) and the request carries no idempotency key", prev.ID, prev.JobID, prev.Phase)
+	d := rules.EscalateNow(cl.prov, prev, rules.ReasonResubmissionBlocked, why, now)
+	_, err := step(p, "update", func(ctx context.Context) (*rules.Operation, error) {
+		return p.cfg.Store.Update(ctx, prev.ID, now, func(op *rules.Operation) (audit.Entry, error) {
+			op.UpdatedAt = now
+			e := entry(op, "resubmission_blocked", nil, now)
+			e.Decision = DecisionRefused
+			e.Reason = string(rules.ReasonResubmissionBlocked)
+			e.Story = "identical submission refused (no idempotency key), resubmission blocked"
+			return e, nil
+		})
+	})
+	if err != nil && !errors.Is(err, ledger.ErrConflict) {
+		cl.log.Warn("failed to record a refused resubmission", "op", prev.ID, "err", err)
+	}
+	view := d.Op
+	view.Terminal = nil // nothing was forwarded: no provider body
+	resp := escalationResponse(cl.req, cl.prov, view, http.StatusConflict)
+	resp.Header.Set(HeaderEscalation, string(rules.ReasonResubmissionBlocked))
+	return resp
+}
+
+func (p *Proxy) ping() error {
+	_, err := step(p, "ping", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, p.cfg.Store.Ping(ctx)
+	})
+	return err
+}
+
+// result governs a result call (R23): refused with 409 before the job
+// succeeded, forwarded (streamed) and recorded as its own action after.
+func (p *Proxy) result(cl *call) *http.Response {
+	req, prov := cl.req, cl.prov
+	if cl.m.JobID == "" {
+		// Result templates without the job id (e.g. a file id from the
+		// success body) cannot be tied to a record: forwarded untouched.
+		return p.passThrough(req)
+	}
+	account := rules.AccountFingerprint(p.cfg.AccountKey, req.Header.Get(accountHeader(prov)))
+	key := ledger.Key{Provider: prov.Name, Account: account, JobID: cl.m.JobID}
+	op, err := step(p, "get", func(ctx context.Context) (*rules.Operation, error) {
+		return p.cfg.Store.Get(ctx, key)
+	})
+	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		return p.ledgerDown(cl, "get", err)
+	}
+	if op == nil || !(op.Phase == rules.PhaseSucceeded || (op.Phase == rules.PhaseClosed && op.Escalation == nil)) {
+		state, phase := "(unknown)", "no record"
+		if op != nil {
+			state, phase = op.LastState, string(op.Phase)
+		}
+		resp := jsonResponse(req, http.StatusConflict, map[string]any{
+			"error":           "result_not_ready",
+			"message":         fmt.Sprintf("job %s has not succeeded (%s, last state %s): fetching its result is allowed only after a status call saw success (R23)", cl.m.JobID, phase, state),
+			"provider_job_id": cl.m.JobID,
+			"phase":           phase,
+		})
+		setGoverned(resp.Header, op, DecisionRefused)
+		return resp
+	}
+	up, err := p.send(prov.Name, upstreamRequest(req))
+	now := p.cfg.Now()
+	rec := rules.ActionRecord{Kind: rules.KindResult, At: now}
+	if err != nil {
+		rec.Error = err.Error()
+	} else {
+		rec.HTTPStatus = up.StatusCode
+	}
+	p.recordAction(cl, op, rec, nil, now)
+	if err != nil {
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the result call: "+err.Error())
+	}
+	stripHopResponse(up)
+	setGoverned(up.Header, op, DecisionForwarded)
+	return up
+}
+
+// cancel governs a cancel call (R23): forwarded and recorded as its own
+// action; when the provider's answer already shows a cancelled state, the
+// operation ends job_cancelled.
+func (p *Proxy) cancel(cl *call) *http.Response {
+	req, prov := cl.req, cl.prov
+	var op *rules.Operation
+	if cl.m.JobID != "" {
+		account := rules.AccountFingerprint(p.cfg.AccountKey, req.Header.Get(accountHeader(prov)))
+		key := ledger.Key{Provider: prov.Name, Account: account, JobID: cl.m.JobID}
+		var err error
+		op, err = step(p, "get", func(ctx context.Context) (*rules.Operation, error) {
+			return p.cfg.Store.Get(ctx, key)
+		})
+		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			return p.ledgerDown(cl, "get", err)
+		}
+	}
+	up, err := p.send(prov.Name, upstreamRequest(req))
+	now := p.cfg.Now()
+	if err != nil {
+		if op != nil {
+			p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, Error: err.Error()}, nil, now)
+		}
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the cancel call: "+err.Error())
+	}
+	stripHopResponse(up)
+	if op == nil {
+		up.Header.Set(HeaderDecision, DecisionForwarded)
+		return up
+	}
+	body, err := readBody(up, p.cfg.MaxBody)
+	if err != nil {
+		p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, Error: err.Error()}, nil, now)
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "failed to read the provider's cancel answer: "+err.Error())
+	}
+	var confirmed *rules.Response
+	if up.StatusCode >= 200 && up.StatusCode <= 299 && body.Body != nil {
+		state := gjson.GetBytes(body.Body, prov.Status.State).String()
+		for _, s := range prov.Status.States.Cancelled {
+			if s == state {
+				confirmed = &rules.Response{StatusCode: up.StatusCode, Header: up.Header, Body: body.Body, At: now}
+				break
+			}
+		}
+	}
+	updated := p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, HTTPStatus: up.StatusCode}, confirmed, now)
+	if updated == nil {
+		updated = op
+	}
+	h := copyProviderHeader(up.Header)
+	setGoverned(h, updated, DecisionForwarded)
+	return bytesResponse(req, up.StatusCode, h, body.Body)
+}
+
+// recordAction appends a result or cancel call to the operation (R23). When
+// cancelled holds a provider answer confirming the cancellation, an
+// operation that is still waiting or escalated ends job_cancelled.
+func (p *Proxy) recordAction(cl *call, op *rules.Operation, rec rules.ActionRecord, cancelled *rules.Response, now time.Time) *rules.Operation {
+	updated, err := step(p, "update", func(ctx context.Context) (*rules.Operation, error) {
+		return p.cfg.Store.Update(ctx, op.ID, now, func(o *rules.Operation) (audit.Entry, error) {
+			o.Actions = append(o.Actions, rec)
+			o.UpdatedAt = now
+			e := entry(o, "action", nil, now)
+			e.Decision = DecisionForwarded
+			e.HTTPStatus = rec.HTTPStatus
+			what := "fetched the result"
+			if rec.Kind == rules.KindCancel {
+				what = "cancel call"
+			}
+			switch {
+			case rec.Error != "":
+				e.Story = fmt.Sprintf("%s failed: %s", what, rec.Error)
+			default:
+				e.Story = fmt.Sprintf("%s, HTTP %d", what, rec.HTTPStatus)
+			}
+			if cancelled != nil && (o.Phase == rules.PhaseWaiting || o.Phase == rules.PhaseEscalated) {
+				state := gjson.GetBytes(cancelled.Body, cl.prov.Status.State).String()
+				d := rules.EscalateNow(cl.prov, o, rules.ReasonJobCancelled, "the provider confirmed the cancel call (state "+state+")", now)
+				n := d.Op
+				n.Phase = rules.PhaseStopped
+				n.LastState = state
+				n.Terminal = &rules.StoredResponse{StatusCode: cancelled.StatusCode, Body: bytes.Clone(cancelled.Body)}
+				if len(n.Terminal.Body) > rules.MaxStoredBody {
+					n.Terminal.Body, n.Terminal.Truncated = n.Terminal.Body[:rules.MaxStoredBody], true
+				}
+				*o = *n
+				e.Event = "escalated"
+				e.Decision = string(rules.ActEscalate)
+				e.Reason = string(rules.ReasonJobCancelled)
+				e.State = state
+				e.NextPollAt = time.Time{}
+				e.Story = fmt.Sprintf("%s, HTTP %d, state %s, job cancelled, stopped", what, rec.HTTPStatus, state)
+			}
+			return e, nil
+		})
+	})
+	if err != nil {
+		cl.log.Error("failed to record an action", "op", op.ID, "kind", rec.Kind, "err", err)
+		return nil
+	}
+	if updated.Phase == rules.PhaseStopped && op.Phase != rules.PhaseStopped {
+		p.obs.Escalated(updated.Clone())
+	}
+	return updated
+}
