@@ -167,13 +167,13 @@ func TestTightLoopGets429AndBudgetHolds(t *testing.T) {
 // whose state ends a legacy loop, with the pollgate object and headers.
 func TestEscalationReasons(t *testing.T) {
 	cases := []struct {
-		name   string
+		name    string
 		answers []answer
-		opts   harnessOpts
-		polls  int
-		before func(h *harness)
-		reason rules.Reason
-		state  string // state in the body the agent gets
+		opts    harnessOpts
+		polls   int
+		before  func(h *harness)
+		reason  rules.Reason
+		state   string // state in the body the agent gets
 	}{
 		{name: "job_failed", answers: []answer{state("running"), {code: 200, body: `{"state":"failed","error":{"code":"oom"}}`}}, polls: 2, reason: rules.ReasonJobFailed, state: "failed"},
 		{name: "job_cancelled", answers: []answer{state("cancelled")}, polls: 1, reason: rules.ReasonJobCancelled, state: "cancelled"},
