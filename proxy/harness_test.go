@@ -90,6 +90,7 @@ type fakeProvider struct {
 	submits  atomic.Int32
 	nextJob  atomic.Int32
 	authSeen []string
+	fixedJob string // job id for the next submission, "" = job_<n>
 }
 
 func newFakeProvider(t *testing.T, useTLS bool) *fakeProvider {
@@ -134,6 +135,9 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 		f.submits.Add(1)
 		io.Copy(io.Discard, r.Body)
 		id := fmt.Sprintf("job_%d", f.nextJob.Add(1))
+		if f.fixedJob != "" {
+			id = f.fixedJob
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusAccepted)
 		fmt.Fprintf(w, `{"job_id":%q,"state":"queued"}`, id)

@@ -243,7 +243,7 @@ func (p *Proxy) handleRequest(req *http.Request, ctx *goproxy.ProxyCtx) (r *http
 		if p.cfg.Refuse != nil && p.cfg.Refuse(hostPort(req.URL)) {
 			return req, refusedResponse(req, req.URL.Host)
 		}
-		if p.isContractHost(req.URL.Host) {
+		if p.isContractHost(hostPort(req.URL)) {
 			ctx.RoundTripper = goproxy.RoundTripperFunc(p.roundTrip)
 		}
 	}
@@ -270,12 +270,10 @@ func (p *Proxy) handleResponse(resp *http.Response, ctx *goproxy.ProxyCtx) (out 
 	return resp
 }
 
-func (p *Proxy) isContractHost(host string) bool {
-	h := host
-	if hh, _, err := net.SplitHostPort(host); err == nil {
-		h = hh
-	}
-	h = strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), ".")
+// isContractHost reports whether hostport ("host:port", or a bare host for
+// port 443) is the host and port of a provider base_url. Only those are
+// MITM'd; the same host on another port is tunnelled.
+func (p *Proxy) isContractHost(hostport string) bool {
 	c := p.cfg.Contract()
 	if c == nil {
 		return false
@@ -283,12 +281,30 @@ func (p *Proxy) isContractHost(host string) bool {
 	hs := p.hosts.Load()
 	if hs == nil || hs.c != c {
 		hs = &hostSet{c: c, hosts: map[string]bool{}}
-		for _, x := range c.Hosts() {
-			hs.hosts[strings.Trim(x, "[]")] = true
+		for _, pr := range c.Providers {
+			if pr.BaseURL != nil {
+				hs.hosts[hostKey(pr.BaseURL.Hostname(), pr.BaseURL.Port(), pr.BaseURL.Scheme)] = true
+			}
 		}
 		p.hosts.Store(hs)
 	}
-	return hs.hosts[h]
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host, port = hostport, ""
+	}
+	return hs.hosts[hostKey(host, port, "https")] || (port == "" && hs.hosts[hostKey(host, "80", "http")])
+}
+
+// hostKey is "host:port" in lower case, the port defaulted by scheme.
+func hostKey(host, port, scheme string) string {
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if port == "" {
+		port = "443"
+		if scheme == "http" {
+			port = "80"
+		}
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // lockedRand makes a rules.Rand safe for concurrent use.
