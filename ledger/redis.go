@@ -163,7 +163,7 @@ func opKeyOf(k Key) string {
 	return hex.EncodeToString(h[:16])
 }
 
-func (s *RedisStore) opHash(h string) string   { return s.prefix + ":{" + h + "}:op" }
+func (s *RedisStore) opHash(h string) string    { return s.prefix + ":{" + h + "}:op" }
 func (s *RedisStore) auditList(h string) string { return s.prefix + ":{" + h + "}:audit" }
 func (s *RedisStore) idKey(id string) string    { return s.prefix + ":{idx}:id:" + id }
 func (s *RedisStore) registry() string          { return s.prefix + ":{idx}:ops" }
