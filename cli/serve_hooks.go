@@ -26,6 +26,9 @@ type OperatorDeps struct {
 	DataDir    string
 	Logger     *slog.Logger
 	Now        func() time.Time
+	// AuditKey is the audit encryption key (--audit-key), nil when audit
+	// entries are stored as plaintext JSON.
+	AuditKey []byte
 }
 
 // operatorSurface is installed by the operators' surface (serve_operator.go).
