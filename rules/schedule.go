@@ -28,7 +28,7 @@ func ParseRetryAfter(value string, now time.Time) (time.Duration, error) {
 			return 0, fmt.Errorf("Retry-After %q is too large", clip(v, 32))
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || time.Duration(n)*time.Second > maxRetryAfter {
+		if err != nil || n > int64(maxRetryAfter/time.Second) { // compare before multiplying: no overflow
 			return 0, fmt.Errorf("Retry-After %q is too large", clip(v, 32))
 		}
 		return time.Duration(n) * time.Second, nil

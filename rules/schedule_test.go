@@ -38,7 +38,7 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "  ", "-1", "-0", "+5", "1.5", "1e3", "soon", "120s", "0x10", "12 34",
-		"99999999999", "18446744073709551616", "Sun, 06 Nov 1994 08:49:37", "2026-01-02T10:20:00Z", "Sun, 32 Nov 1994 08:49:37 GMT", "NaN", "∞"} {
+		"99999999999", "9227000000", "1000000001", "18446744073709551616", "Sun, 06 Nov 1994 08:49:37", "2026-01-02T10:20:00Z", "Sun, 32 Nov 1994 08:49:37 GMT", "NaN", "∞"} {
 		if d, err := ParseRetryAfter(bad, now); err == nil {
 			t.Errorf("ParseRetryAfter(%q) = %v, want an error", bad, d)
 		}
