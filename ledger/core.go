@@ -130,11 +130,13 @@ func checkFence(stored *rules.Operation, res Reservation) error {
 }
 
 // completed builds the record Complete stores: everything from op, except
-// identity, early polls, the audit chain and the lease (released), which come
-// from stored; the request counter never goes down (R11).
+// identity, early polls, the audit chain, the admin-owned fields and the
+// lease (released), which come from stored; the request counter never goes
+// down (R11).
 func completed(stored, op *rules.Operation) *rules.Operation {
 	n := op.Clone()
 	keepOwned(n, stored)
+	keepAdmin(n, stored)
 	n.Lease = rules.Lease{Fence: stored.Lease.Fence}
 	return n
 }
@@ -143,8 +145,19 @@ func completed(stored, op *rules.Operation) *rules.Operation {
 func escalated(stored, op *rules.Operation) *rules.Operation {
 	n := op.Clone()
 	keepOwned(n, stored)
+	keepAdmin(n, stored)
 	n.Lease = stored.Lease
 	return n
+}
+
+// keepAdmin restores the fields only Update changes (recorded actions,
+// extensions, resubmission approval, closing), so a poll result computed
+// from an older copy never undoes an admin step committed meanwhile.
+func keepAdmin(n, stored *rules.Operation) {
+	c := stored.Clone()
+	n.Actions, n.Extensions = c.Actions, c.Extensions
+	n.ResubmissionAllowed = stored.ResubmissionAllowed
+	n.ClosedAt, n.ClosedBy = stored.ClosedAt, stored.ClosedBy
 }
 
 // keepOwned restores the fields no caller-supplied record may change:

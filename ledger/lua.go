@@ -66,31 +66,39 @@ table.insert(r, 1, outcome)
 return r
 `)
 
-// luaCommit is shared by the writing scripts: it checks the audit position
-// (ARGV[1] count, ARGV[2] head, ARGV[3] early polls the entry was sealed
-// with) and, if it moved, returns {"moved", HGETALL...}.
+// luaCheckAudit is shared by the writing scripts: it checks the audit
+// position the entry was sealed against (ARGV[1] count, ARGV[2] head) and,
+// if another step appended meanwhile, returns {"moved", HGETALL...}.
 const luaCheckAudit = `
-local a = redis.call('HMGET', KEYS[1], 'acount', 'ahead', 'early')
-if a[1] ~= ARGV[1] or a[2] ~= ARGV[2] or a[3] ~= ARGV[3] then
+local a = redis.call('HMGET', KEYS[1], 'acount', 'ahead')
+if a[1] ~= ARGV[1] or a[2] ~= ARGV[2] then
   local r = redis.call('HGETALL', KEYS[1])
   table.insert(r, 1, 'moved')
   return r
 end
 `
 
+// luaDone returns {"ok", HGETALL...}: the record as committed.
+const luaDone = `
+local r = redis.call('HGETALL', KEYS[1])
+table.insert(r, 1, 'ok')
+return r
+`
+
 // luaWrite stores the record fields, appends the envelope, and sets the
-// retention expiry (or removes it) on both keys. Expects ARGV[4..]:
+// retention expiry (or removes it) on both keys. Expects ARGV[1..12]:
 //
-//	ARGV[4] rec JSON  ARGV[5] phase  ARGV[6] deadline us  ARGV[7] next poll us
-//	ARGV[8] max       ARGV[9] updated text  ARGV[10] updated us
-//	ARGV[11] envelope JSON  ARGV[12] new audit head  ARGV[13] retention ms (0 = keep)
+//	ARGV[1] audit count sealed against  ARGV[2] audit head sealed against
+//	ARGV[3] rec JSON  ARGV[4] phase  ARGV[5] deadline us  ARGV[6] next poll us
+//	ARGV[7] max       ARGV[8] updated text  ARGV[9] updated us
+//	ARGV[10] envelope JSON  ARGV[11] new audit head  ARGV[12] retention ms (0 = keep)
 const luaWrite = `
-redis.call('HSET', KEYS[1], 'rec', ARGV[4], 'phase', ARGV[5], 'dl', ARGV[6], 'np', ARGV[7],
-  'max', ARGV[8], 'upd', ARGV[9], 'updus', ARGV[10], 'acount', tonumber(ARGV[1]) + 1, 'ahead', ARGV[12])
-redis.call('RPUSH', KEYS[2], ARGV[11])
-if tonumber(ARGV[13]) > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[13])
-  redis.call('PEXPIRE', KEYS[2], ARGV[13])
+redis.call('HSET', KEYS[1], 'rec', ARGV[3], 'phase', ARGV[4], 'dl', ARGV[5], 'np', ARGV[6],
+  'max', ARGV[7], 'upd', ARGV[8], 'updus', ARGV[9], 'acount', tonumber(ARGV[1]) + 1, 'ahead', ARGV[11])
+redis.call('RPUSH', KEYS[2], ARGV[10])
+if tonumber(ARGV[12]) > 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[12])
+  redis.call('PEXPIRE', KEYS[2], ARGV[12])
 else
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
@@ -100,64 +108,59 @@ end
 // completeScript commits a reservation's result and releases the lease.
 //
 //	KEYS[1] operation hash  KEYS[2] audit list
-//	ARGV[1..3] audit position (see luaCheckAudit), ARGV[4..13] (see luaWrite)
-//	ARGV[14] fence of the reservation  ARGV[15] status requests used per the caller
+//	ARGV[1..12] (see luaWrite)
+//	ARGV[13] fence of the reservation  ARGV[14] status requests used per the caller
 //
 // Returns {"not_found"}, {"fence_lost", fence}, {"phase_changed", phase},
-// {"moved", HGETALL...} or {"ok", used, fence}.
+// {"moved", HGETALL...} or {"ok", HGETALL...}.
 var completeScript = redis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'fence', 'lexp', 'phase', 'used')
 if not f[3] then return {'not_found'} end
-if f[1] ~= ARGV[14] or tonumber(f[2]) == 0 then return {'fence_lost', f[1]} end
+if f[1] ~= ARGV[13] or tonumber(f[2]) == 0 then return {'fence_lost', f[1]} end
 if f[3] ~= 'waiting' then return {'phase_changed', f[3]} end
 ` + luaCheckAudit + luaWrite + `
-local used = math.max(tonumber(f[4]), tonumber(ARGV[15]))
-redis.call('HSET', KEYS[1], 'used', used, 'holder', '', 'lexp', 0, 'lexpt', '')
-return {'ok', tostring(used), f[1]}
-`)
+redis.call('HSET', KEYS[1], 'used', math.max(tonumber(f[4]), tonumber(ARGV[14])),
+  'holder', '', 'lexp', 0, 'lexpt', '')
+` + luaDone)
 
 // escalateScript commits an escalation decided without a reservation, only
 // while the phase is waiting and no live lease is held.
 //
 //	KEYS[1] operation hash  KEYS[2] audit list
-//	ARGV[1..3] audit position, ARGV[4..13] (see luaWrite)
-//	ARGV[14] now (unix us)  ARGV[15] status requests used per the caller
+//	ARGV[1..12] (see luaWrite)
+//	ARGV[13] now (unix us)  ARGV[14] status requests used per the caller
 //
-// Returns {"not_found"}, {"noop", HGETALL...}, {"moved", HGETALL...} or {"ok", used}.
+// Returns {"not_found"}, {"noop", HGETALL...}, {"moved", HGETALL...} or {"ok", HGETALL...}.
 var escalateScript = redis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'phase', 'lexp', 'used')
 if not f[1] then return {'not_found'} end
 local lexp = tonumber(f[2])
-if f[1] ~= 'waiting' or (lexp > 0 and tonumber(ARGV[14]) < lexp) then
+if f[1] ~= 'waiting' or (lexp > 0 and tonumber(ARGV[13]) < lexp) then
   local r = redis.call('HGETALL', KEYS[1])
   table.insert(r, 1, 'noop')
   return r
 end
 ` + luaCheckAudit + luaWrite + `
-local used = math.max(tonumber(f[3]), tonumber(ARGV[15]))
-redis.call('HSET', KEYS[1], 'used', used)
-return {'ok', tostring(used)}
-`)
+redis.call('HSET', KEYS[1], 'used', math.max(tonumber(f[3]), tonumber(ARGV[14])))
+` + luaDone)
 
 // updateScript commits an admin read-modify-write; the fields owned by
 // Reserve (used, early, lease) are kept as stored.
 //
 //	KEYS[1] operation hash  KEYS[2] audit list
-//	ARGV[1..3] audit position, ARGV[4..13] (see luaWrite)
+//	ARGV[1..12] (see luaWrite)
 //
-// Returns {"not_found"}, {"moved", HGETALL...} or {"ok"}.
+// Returns {"not_found"}, {"moved", HGETALL...} or {"ok", HGETALL...}.
 var updateScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_found'} end
-` + luaCheckAudit + luaWrite + `
-return {'ok'}
-`)
+` + luaCheckAudit + luaWrite + luaDone)
 
 // createScript stores a new operation unless one exists for its key.
 //
 //	KEYS[1] operation hash  KEYS[2] audit list
-//	ARGV[1] "0" ARGV[2] "" ARGV[3] "0" (audit position of an empty chain), ARGV[4..13] (see luaWrite)
-//	ARGV[14] id  ARGV[15] used  ARGV[16] early  ARGV[17] fence
-//	ARGV[18] holder  ARGV[19] lease expiry us  ARGV[20] lease expiry text
+//	ARGV[1] "0" ARGV[2] "" (audit position of an empty chain), ARGV[3..12] (see luaWrite)
+//	ARGV[13] id  ARGV[14] used  ARGV[15] early  ARGV[16] fence
+//	ARGV[17] holder  ARGV[18] lease expiry us  ARGV[19] lease expiry text
 //
 // Returns {"exists", HGETALL...} or {"created"}.
 var createScript = redis.NewScript(`
@@ -166,8 +169,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   table.insert(r, 1, 'exists')
   return r
 end
-redis.call('HSET', KEYS[1], 'id', ARGV[14], 'used', ARGV[15], 'early', ARGV[16], 'fence', ARGV[17],
-  'holder', ARGV[18], 'lexp', ARGV[19], 'lexpt', ARGV[20])
+redis.call('HSET', KEYS[1], 'id', ARGV[13], 'used', ARGV[14], 'early', ARGV[15], 'fence', ARGV[16],
+  'holder', ARGV[17], 'lexp', ARGV[18], 'lexpt', ARGV[19])
 ` + luaWrite + `
 return {'created'}
 `)

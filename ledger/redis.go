@@ -220,8 +220,8 @@ func decodeFields(f map[string]string) (*rules.Operation, error) {
 	return op, nil
 }
 
-// writeArgs are ARGV[1..13] of the writing scripts (see luaCheckAudit and
-// luaWrite in lua.go), for n sealed with env.
+// writeArgs are ARGV[1..12] of the writing scripts (see luaWrite in
+// lua.go), for n sealed with env.
 func (s *RedisStore) writeArgs(n *rules.Operation, env audit.Envelope) ([]any, error) {
 	committed := n.Clone()
 	applyEnvelope(committed, env)
@@ -238,7 +238,7 @@ func (s *RedisStore) writeArgs(n *rules.Operation, env audit.Envelope) ([]any, e
 		ttl = max(s.retention.Milliseconds(), 1)
 	}
 	return []any{
-		strconv.FormatInt(n.AuditCount, 10), n.AuditHead, strconv.Itoa(n.Used.EarlyPolls),
+		strconv.FormatInt(n.AuditCount, 10), n.AuditHead,
 		rec, string(n.Phase), micros(n.DeadlineAt), micros(n.NextPollAt), n.Budget.StatusRequests,
 		text(n.UpdatedAt), micros(n.UpdatedAt), envJSON, env.Hash, ttl,
 	}, nil
@@ -459,11 +459,7 @@ func (s *RedisStore) Complete(ctx context.Context, res Reservation, op *rules.Op
 		}
 		switch status(v) {
 		case "ok":
-			used, _ := strconv.Atoi(str(v, 1))
-			n.Used.StatusRequests = used
-			applyEnvelope(n, env)
-			n.Lease = rules.Lease{Fence: res.Fence}
-			return n, nil
+			return decodeHash(v[1:])
 		case "not_found":
 			return nil, ErrNotFound
 		case "fence_lost":
@@ -505,10 +501,7 @@ func (s *RedisStore) Escalate(ctx context.Context, key Key, op *rules.Operation,
 		}
 		switch status(v) {
 		case "ok":
-			used, _ := strconv.Atoi(str(v, 1))
-			n.Used.StatusRequests = used
-			applyEnvelope(n, env)
-			return n, nil
+			return decodeHash(v[1:])
 		case "not_found":
 			return nil, ErrNotFound
 		case "noop":
@@ -556,7 +549,6 @@ func (s *RedisStore) Update(ctx context.Context, id string, now time.Time, fn fu
 		}
 		switch status(v) {
 		case "ok":
-			applyEnvelope(n, env)
 			if n.DeadlineAt.After(stored.DeadlineAt) {
 				// Keep the id index alive as long as the extended operation (best effort).
 				ttl := max(n.DeadlineAt.Sub(now), 0) + s.retention + indexSlack
@@ -564,7 +556,7 @@ func (s *RedisStore) Update(ctx context.Context, id string, now time.Time, fn fu
 					s.log.Warn("failed to extend the id index expiry", "op", id, "err", err)
 				}
 			}
-			return n, nil
+			return decodeHash(v[1:])
 		case "not_found":
 			return nil, ErrNotFound
 		case "moved":
