@@ -168,6 +168,14 @@ func TestValidationProblems(t *testing.T) {
 		{"webhook", head + provider("a", "https://a.example", okStatus, "    notify: {webhook: not-a-url}\n"), `x.yaml:9: provider "a": notify.webhook: "not-a-url" is not an absolute http(s) URL`, "https://"},
 		{"state_default outside table", head + provider("a", "https://a.example", okStatus+"      state_default: maybe\n"), `status.state_default: "maybe" is not in the state table`, "waiting"},
 		{"business deadline longer", head + provider("a", "https://a.example", okStatus, "    policy: {deadline: 10m, business_deadline: 20m}\n"), `policy.business_deadline: 20m0s is longer than the deadline 10m0s`, "R19"},
+		{"overlap literal and placeholder", head + provider("a", "https://same.example", okStatus) + provider("b", "https://same.example/v1", "      request: GET /{kind}/latest\n      state: s\n      states: {waiting: [w], success: [s]}\n"),
+			`x.yaml:9: provider "b": status.request: "GET /{kind}/latest" on https://same.example/v1 overlaps provider "a"`, "distinct base_url"},
+		{"overlap inside one provider", head + provider("a", "https://a.example", okStatus, "    result:\n      request: GET /v1/jobs/{job_id}\n"),
+			`x.yaml:3: provider "a": result.request: "GET /v1/jobs/{job_id}" overlaps status.request`, "distinct method or path"},
+		{"duplicate key", head + provider("a", "https://a.example", okStatus, "    base_url: https://b.example\n"), `x.yaml:9: provider "a": base_url: duplicate key`, "keep one"},
+		{"budget not a number", head + provider("a", "https://a.example", okStatus, "    policy: {max_status_requests: many}\n"), `policy.max_status_requests: "many" is not a whole number`, "12"},
+		{"status_location not a boolean", head + provider("a", "https://a.example", okStatus, "    submit: {request: POST /v1/jobs, status_location: yes}\n"), `submit.status_location: "yes" is not a boolean`, "true or false"},
+		{"states not a list", head + provider("a", "https://a.example", "      request: GET /v1/jobs/{job_id}\n      state: s\n      states: {waiting: {a: b}, success: [s]}\n"), `status.states.waiting: must be a list`, "[a, b]"},
 		{"not yaml", "version: 1\nproviders: [\n", "x.yaml:", "indentation"},
 		{"empty", "", "x.yaml:1: the contract is empty", "version: 1"},
 		{"no providers", "version: 1\nproviders: []\n", "x.yaml:2: providers: the list is empty", "at least one"},
@@ -371,6 +379,37 @@ func TestValidGJSONPath(t *testing.T) {
 	for _, bad := range []string{"", " a", "a.", ".a", "a..b", `a\`, "a.(b", "a)", "a\nb", `a"b`} {
 		if err := validGJSONPath(bad); err == nil {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestSegmentsOverlap(t *testing.T) {
+	seg := func(p string) []segment {
+		s, err := splitSegments(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tests := []struct {
+		a, b string
+		want bool
+	}{
+		{"/v1/{id}:cancel", "/v1/{id}:start", false},
+		{"/v1/{id}:cancel", "/v1/{x}", true},
+		{"/v1/{id}", "/v1/latest", true},
+		{"/v1/op-{id}", "/v1/latest", false},
+		{"/v1/op-{id}", "/v1/op-7", true},
+		{"/v1/jobs/{id}", "/v1/files/{id}", false},
+		{"/v1/jobs/{id}", "/v1/jobs/{id}/cancel", false},
+		{"/a", "/a", true},
+	}
+	for _, tc := range tests {
+		if got := segmentsOverlap(seg(tc.a), seg(tc.b)); got != tc.want {
+			t.Errorf("overlap(%s, %s) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+		if got := segmentsOverlap(seg(tc.b), seg(tc.a)); got != tc.want {
+			t.Errorf("overlap(%s, %s) = %v, want %v (symmetry)", tc.b, tc.a, got, tc.want)
 		}
 	}
 }
