@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -242,11 +243,13 @@ func OnResponse(p *Provider, op *Operation, resp Response, now time.Time, rnd Ra
 
 // OnTransportError decides after a status request that got no HTTP answer
 // (refused, DNS, TLS, timeout). It spends the transport-failure budget
-// (R17); the reserved status request stays counted (R8). errText must not
-// hold credentials; it is kept (clipped) in LastError.
+// (R17); the reserved status request stays counted (R8). errText is kept,
+// clipped, in LastError; queries and user info of URLs in it are removed
+// (Go's client errors quote the URL, which may carry an API key).
 func OnTransportError(p *Provider, op *Operation, errText string, now time.Time, rnd Rand) Decision {
 	e := &eval{p: p, o: op.Clone(), now: now, rnd: rnd}
 	o := e.o
+	errText = redactURLs(errText)
 	o.Used.TransportFailures++
 	o.LastError = clip(errText, 256)
 	o.Lease.Holder, o.Lease.ExpiresAt = "", time.Time{}
@@ -261,6 +264,20 @@ func OnTransportError(p *Provider, op *Operation, errText string, now time.Time,
 	next := now.Add(BackoffDelay(p.Policy.Backoff, o.Used.Polls+o.Used.TransportFailures, rnd))
 	return e.keepWaiting(Decision{Action: ActWait, State: o.LastState}, next, DelayLocalBackoff,
 		fmt.Sprintf("%s, %d of %d transport failures", label, o.Used.TransportFailures, limit))
+}
+
+var urlInText = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"']+`)
+
+// redactURLs drops user info, query and fragment of every URL in s.
+func redactURLs(s string) string {
+	return urlInText.ReplaceAllStringFunc(s, func(raw string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			return "[url]"
+		}
+		u.User, u.RawQuery, u.Fragment, u.ForceQuery = nil, "", "", false
+		return u.String()
+	})
 }
 
 // Story returns the decision's audit story line (R25).

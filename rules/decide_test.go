@@ -612,3 +612,15 @@ func TestStoryOfARun(t *testing.T) {
 	}
 	t.Log("\n" + strings.Join(story, "\n"))
 }
+
+// R4/R18: credentials in a client error's URL never reach the record.
+func TestTransportErrorRedactsURLs(t *testing.T) {
+	p, op := sentOp(t)
+	d := OnTransportError(p, op, `Get "https://user:pw@speech.googleapis.com/v1/operations/1?key=AIzaSECRET&alt=json": dial tcp: i/o timeout`, t0, nil)
+	if strings.Contains(d.Op.LastError, "AIzaSECRET") || strings.Contains(d.Op.LastError, "pw@") || strings.Contains(d.Story, "AIzaSECRET") {
+		t.Fatalf("secret kept: %q / %q", d.Op.LastError, d.Story)
+	}
+	if !strings.Contains(d.Op.LastError, "https://speech.googleapis.com/v1/operations/1") || !strings.Contains(d.Op.LastError, "i/o timeout") {
+		t.Fatalf("error text lost: %q", d.Op.LastError)
+	}
+}
