@@ -289,6 +289,10 @@ func TestMatch(t *testing.T) {
 		{c, "POST", "https://speech.googleapis.com/v1/speech:longrunningrecognize", "google-speech-lro", KindSubmit, "", nil},
 		// Escaped placeholder values are unescaped.
 		{ex, "GET", "https://api.example.com/v1/jobs/a%2Fb", "example-exports", KindStatus, "a/b", nil},
+		// Spelling variants of a governed call are still governed.
+		{c, "GET", "https://api.openai.com/v1/batches/batch_abc123/", "openai-batch", KindStatus, "batch_abc123", nil},
+		{c, "GET", "https://api.openai.com/v1//batches/./batch_abc123", "openai-batch", KindStatus, "batch_abc123", nil},
+		{c, "GET", "https://api.openai.com/v1/files/../batches/batch_abc123", "openai-batch", KindStatus, "batch_abc123", nil},
 		// Base path prefix and explicit port.
 		{ex, "GET", "http://127.0.0.1:8080/prefix/ops/42", "bare", KindStatus, "42", nil},
 		// Not matched: wrong method, other host, port, prefix, extra segment, empty segment, field templates.

@@ -3,6 +3,7 @@ package rules
 import (
 	"net"
 	"net/url"
+	pathpkg "path"
 	"sort"
 	"strings"
 )
@@ -29,8 +30,9 @@ func hostKey(u *url.URL) string {
 // path must start with the base_url path prefix and the rest must match the
 // template segment by segment, each {placeholder} standing for one path
 // segment (or the part of one between a literal prefix and suffix, as in
-// "{job_id}:cancel"). Calls are tried in the order status, submit, cancel,
-// result.
+// "{job_id}:cancel"). The path is cleaned first (duplicate and trailing
+// slashes, dot segments). Calls are tried in the order status, submit,
+// cancel, result.
 //
 // Templates that take their URL from a field ("GET {result_url}") are not
 // matched here: their URL is only known from a stored success response, so
@@ -40,7 +42,10 @@ func (c *Contract) Match(method string, u *url.URL) (Match, bool) {
 		return Match{}, false
 	}
 	hk := hostKey(u)
-	path := u.EscapedPath()
+	// Clean the path so a spelling variant ("/v1//jobs/x/", "/v1/./jobs/x")
+	// of a governed call cannot slip past as ungoverned traffic. Escaped
+	// slashes (%2F) stay inside their segment.
+	path := pathpkg.Clean("/" + u.EscapedPath())
 	for _, p := range c.Providers {
 		if p.BaseURL == nil || hostKey(p.BaseURL) != hk {
 			continue
