@@ -235,7 +235,7 @@ func printOperation(w io.Writer, sr admin.ShowResponse) {
 	}
 	tw.Flush()
 	if sr.Message != "" {
-		fmt.Fprintf(w, "\nmessage:\n  %s\n", sr.Message)
+		fmt.Fprintf(w, "\nmessage:\n%s\n", wrap(sr.Message, "  ", 100))
 	}
 	if op.Escalation != nil && len(op.Escalation.Options) > 0 && op.Phase == rules.PhaseEscalated {
 		fmt.Fprintln(w, "\noptions:")
@@ -400,4 +400,27 @@ func shortDur(s string) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// wrap breaks text into lines of at most width columns (words longer than
+// width stay whole), each starting with indent.
+func wrap(text, indent string, width int) string {
+	var b strings.Builder
+	n := 0
+	for _, word := range strings.Fields(text) {
+		switch {
+		case n == 0:
+			b.WriteString(indent)
+			n = len(indent)
+		case n+1+len(word) > width:
+			b.WriteString("\n" + indent)
+			n = len(indent)
+		default:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(word)
+		n += len(word)
+	}
+	return b.String()
 }

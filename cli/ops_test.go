@@ -112,7 +112,11 @@ func TestOpsEndToEnd(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("ops show: %d %s", r.code, r.stderr)
 	}
-	for _, want := range []string{"phase       escalated (request_budget_exhausted)", "message:", esc.Escalation.Message,
+	flat := strings.Join(strings.Fields(r.stdout), " ")
+	if !strings.Contains(flat, strings.Join(strings.Fields(esc.Escalation.Message), " ")) {
+		t.Errorf("ops show lacks the R18 message %q:\n%s", esc.Escalation.Message, r.stdout)
+	}
+	for _, want := range []string{"phase       escalated (request_budget_exhausted)", "message:",
 		"pollgate ops extend " + esc.ID + " --for 15m --requests 4", "story (UTC):", "10:20:00 submitted job", "escalated"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("ops show lacks %q:\n%s", want, r.stdout)

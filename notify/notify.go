@@ -118,7 +118,8 @@ func summary(m Message) string {
 	if !strings.HasSuffix(b.String(), ".") {
 		b.WriteString(".")
 	}
-	if len(m.Options) > 0 {
+	// The R18 message usually lists the options already.
+	if len(m.Options) > 0 && !strings.Contains(strings.ToLower(m.Message), "options:") {
 		b.WriteString(" Options: ")
 		for i, o := range m.Options {
 			if i > 0 {
