@@ -217,6 +217,10 @@ func (l *loader) mapping(n *yaml.Node, provider, field string, allowed ...string
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		key := k.Value
+		if key == "<<" {
+			l.add(k.Line, provider, join(field, key), "YAML merge keys are not supported", "share settings through defaults.policy instead")
+			continue
+		}
 		if !contains(allowed, key) {
 			hint := "allowed keys: " + strings.Join(allowed, ", ")
 			if s := closest(key, allowed); s != "" {

@@ -176,6 +176,7 @@ func TestValidationProblems(t *testing.T) {
 		{"budget not a number", head + provider("a", "https://a.example", okStatus, "    policy: {max_status_requests: many}\n"), `policy.max_status_requests: "many" is not a whole number`, "12"},
 		{"status_location not a boolean", head + provider("a", "https://a.example", okStatus, "    submit: {request: POST /v1/jobs, status_location: yes}\n"), `submit.status_location: "yes" is not a boolean`, "true or false"},
 		{"states not a list", head + provider("a", "https://a.example", "      request: GET /v1/jobs/{job_id}\n      state: s\n      states: {waiting: {a: b}, success: [s]}\n"), `status.states.waiting: must be a list`, "[a, b]"},
+		{"merge key", "version: 1\nx: &p {deadline: 1m}\nproviders:\n" + provider("a", "https://a.example", okStatus, "    policy:\n      <<: *p\n"), `x.yaml:11: provider "a": policy.<<: YAML merge keys are not supported`, "defaults.policy"},
 		{"not yaml", "version: 1\nproviders: [\n", "x.yaml:", "indentation"},
 		{"empty", "", "x.yaml:1: the contract is empty", "version: 1"},
 		{"no providers", "version: 1\nproviders: []\n", "x.yaml:2: providers: the list is empty", "at least one"},
