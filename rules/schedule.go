@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // maxRetryAfter bounds a Retry-After value; anything longer is treated as
@@ -118,10 +119,14 @@ func isDigits(s string) bool {
 	return true
 }
 
-// clip shortens s for messages.
+// clip shortens s to at most n bytes (plus "...") for messages and
+// records, cutting at a rune boundary.
 func clip(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "..."
 }

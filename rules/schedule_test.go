@@ -3,8 +3,10 @@ package rules
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // R13: Retry-After is delay-seconds or an HTTP-date in three forms (RFC 9110).
@@ -135,6 +137,15 @@ func TestShortDuration(t *testing.T) {
 	for in, want := range map[time.Duration]string{15 * time.Minute: "15m", time.Hour: "1h", 90 * time.Second: "1m30s", 2*time.Hour + 5*time.Minute: "2h5m", 500 * time.Millisecond: "500ms"} {
 		if got := shortDuration(in); got != want {
 			t.Errorf("shortDuration(%v) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestClipKeepsRunes(t *testing.T) {
+	s := strings.Repeat("ä", 10) // 20 bytes
+	for n := 0; n < 22; n++ {
+		if got := clip(s, n); !utf8.ValidString(got) || len(got) > n+3 {
+			t.Fatalf("clip(%d) = %q", n, got)
 		}
 	}
 }
