@@ -196,6 +196,9 @@ func (l *loader) parse(data []byte) *Contract {
 		c.Providers = append(c.Providers, p)
 	}
 	l.checkOverlaps(c.Providers)
+	for _, p := range c.Providers {
+		p.compiled = compileTemplates(p)
+	}
 	return c
 }
 

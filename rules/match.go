@@ -59,15 +59,11 @@ func (c *Contract) Match(method string, u *url.URL) (Match, bool) {
 		if rest != "" {
 			parts = strings.Split(rest, "/")
 		}
-		for _, kt := range p.templates() {
+		for _, kt := range p.matchers() {
 			if kt.t.Method != method {
 				continue
 			}
-			segs, err := splitSegments(kt.t.Path)
-			if err != nil {
-				continue
-			}
-			params, ok := matchSegments(segs, parts)
+			params, ok := matchSegments(kt.segs, parts)
 			if !ok {
 				continue
 			}
@@ -127,4 +123,31 @@ func (p *Provider) StatusParams(u *url.URL) (map[string]string, bool) {
 		return nil, false
 	}
 	return m.Params, true
+}
+
+// matchers returns the provider's path templates with their parsed
+// segments: precompiled by Parse, computed on the fly for a Provider built
+// by hand.
+func (p *Provider) matchers() []compiledTemplate {
+	if p.compiled != nil {
+		return p.compiled
+	}
+	return compileTemplates(p)
+}
+
+type compiledTemplate struct {
+	kindTemplate
+	segs []segment
+}
+
+func compileTemplates(p *Provider) []compiledTemplate {
+	out := []compiledTemplate{}
+	for _, kt := range p.templates() {
+		segs, err := splitSegments(kt.t.Path)
+		if err != nil {
+			continue
+		}
+		out = append(out, compiledTemplate{kt, segs})
+	}
+	return out
 }

@@ -42,6 +42,8 @@ type Provider struct {
 	Policy        Policy
 	Notify        *NotifySpec // per-provider webhook, falls back to Contract.Notify
 	Line          int         // line of the provider entry in the file
+
+	compiled []compiledTemplate // parsed request templates for Match, set by Parse
 }
 
 // Template is a parsed request template such as "GET /v1/jobs/{job_id}".
