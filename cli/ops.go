@@ -225,7 +225,7 @@ func printOperation(w io.Writer, sr admin.ShowResponse) {
 		row("next poll", fmt.Sprintf("%s (%s)", stamp(op.NextPollAt), op.DelaySource))
 	}
 	for i, x := range op.Extensions {
-		row(fmt.Sprintf("extension %d", i+1), fmt.Sprintf("%s and %d requests by %s at %s", x.Duration, x.StatusRequests, x.By, stamp(x.At)))
+		row(fmt.Sprintf("extension %d", i+1), fmt.Sprintf("%s and %d requests by %s at %s", shortDur(x.Duration.String()), x.StatusRequests, x.By, stamp(x.At)))
 	}
 	if op.Phase == rules.PhaseClosed {
 		row("closed", fmt.Sprintf("by %s at %s", op.ClosedBy, stamp(op.ClosedAt)))
@@ -337,7 +337,7 @@ func opsAction(ctx context.Context, env Env, name string, args []string) error {
 // not a failure.
 func refused(what string, err error) error {
 	var ae *apiError
-	if errors.As(err, &ae) && ae.Status == 409 {
+	if errors.As(err, &ae) && ae.Status == 409 && !strings.Contains(ae.Body.Error, "refused") {
 		return fmt.Errorf("%s refused: %w", what, err)
 	}
 	return err
