@@ -418,3 +418,12 @@ func TestSegmentsOverlap(t *testing.T) {
 		}
 	}
 }
+
+func TestBooleanStates(t *testing.T) {
+	c := mustLoad(t, "../providers.yaml")
+	for _, p := range c.Providers {
+		if got, want := p.Status.BooleanStates(), p.Name == "google-speech-lro"; got != want {
+			t.Errorf("%s: BooleanStates() = %v, want %v", p.Name, got, want)
+		}
+	}
+}

@@ -151,3 +151,20 @@ func compileTemplates(p *Provider) []compiledTemplate {
 	}
 	return out
 }
+
+// BooleanStates reports whether every state in the table is "true" or
+// "false", i.e. the state field is a JSON boolean (Google's done). Writers
+// of the state field (escalation bodies) should then write a raw boolean,
+// also when the field is absent from the answer.
+func (s StatusSpec) BooleanStates() bool {
+	n := 0
+	for _, list := range [][]string{s.States.Waiting, s.States.Success, s.States.Failure, s.States.Cancelled, s.States.Expired} {
+		for _, v := range list {
+			if v != "true" && v != "false" {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
+}
