@@ -419,7 +419,7 @@ func TestSegmentsOverlap(t *testing.T) {
 	}
 }
 
-func TestBooleanStates(t *testing.T) {
+func TestStatusSpecBooleanStates(t *testing.T) {
 	c := mustLoad(t, "../providers.yaml")
 	for _, p := range c.Providers {
 		if got, want := p.Status.BooleanStates(), p.Name == "google-speech-lro"; got != want {
