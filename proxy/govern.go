@@ -197,6 +197,11 @@ func (p *Proxy) status(cl *call) *http.Response {
 	account := rules.AccountFingerprint(p.cfg.AccountKey, req.Header.Get(accountHeader(prov)))
 	key := ledger.Key{Provider: prov.Name, Account: account, JobID: cl.m.JobID}
 	now := p.cfg.Now()
+	if snap, wait, early := p.gate.check(key, now); early {
+		p.gate.record(earlyPoll{key: key, at: now, lease: prov.Policy.Lease})
+		p.obs.EarlyPoll(prov.Name)
+		return tooEarlyResponse(req, snap, wait, now, false)
+	}
 	res, err := p.reserve(key, prov, now)
 	if err != nil {
 		return p.ledgerDown(cl, "reserve", err)
@@ -224,6 +229,9 @@ func (p *Proxy) status(cl *call) *http.Response {
 	case ledger.Terminal:
 		return p.replay(req, prov, res.Op)
 	case ledger.TooEarly, ledger.Busy:
+		if res.Outcome == ledger.TooEarly {
+			p.gate.remember(key, res.Op)
+		}
 		p.obs.EarlyPoll(prov.Name)
 		return tooEarlyResponse(req, res.Op, res.Wait, now, res.Outcome == ledger.Busy)
 	case ledger.DeadlineReached, ledger.BudgetExhausted:
@@ -352,6 +360,7 @@ func (p *Proxy) poll(cl *call, res ledger.Reservation) *http.Response {
 		}
 		return p.ledgerDown(cl, "complete", cerr)
 	}
+	p.gate.remember(res.Key, committed)
 	if d.Action == rules.ActEscalate {
 		p.obs.Escalated(committed.Clone())
 		cl.log.Info("operation escalated", "op", committed.ID, "reason", d.Reason, "story", d.Story)

@@ -158,8 +158,36 @@ func TestTightLoopGets429AndBudgetHolds(t *testing.T) {
 	if op.Escalation == nil || op.Escalation.Reason != rules.ReasonRequestBudgetExhausted {
 		t.Fatalf("escalation = %+v", op.Escalation)
 	}
-	if op.Used.EarlyPolls == 0 {
+	h.proxy.gate.drain()
+	if op := h.op("job_t"); op.Used.EarlyPolls == 0 {
 		t.Fatal("early polls not counted")
+	}
+}
+
+// Early polls answered from memory are still counted in the ledger, one
+// each, and never reserve a request.
+func TestEarlyPollsCounted(t *testing.T) {
+	h := newHarness(t, harnessOpts{tls: true})
+	h.prov.script("job_e", state("running"))
+	if g := h.poll("job_e"); g.code != 200 {
+		t.Fatalf("first poll: %d", g.code)
+	}
+	n := 0
+	for i := 0; i < 40; i++ {
+		g := h.poll("job_e")
+		if g.code != 429 {
+			t.Fatalf("early poll %d: %d", i, g.code)
+		}
+		n++
+	}
+	h.proxy.gate.drain()
+	op := h.op("job_e")
+	if op.Used.EarlyPolls != n || op.Used.StatusRequests != 1 || !op.Lease.ExpiresAt.IsZero() {
+		t.Fatalf("early polls %d (want %d), status requests %d (want 1), lease %+v", op.Used.EarlyPolls, n, op.Used.StatusRequests, op.Lease)
+	}
+	h.waitForSlot("job_e")
+	if g := h.poll("job_e"); g.code != 200 || g.h.Get(HeaderDecision) != DecisionForwarded {
+		t.Fatalf("poll at the slot: %d %q", g.code, g.h.Get(HeaderDecision))
 	}
 }
 

@@ -87,6 +87,7 @@ type Proxy struct {
 	log   *slog.Logger
 	obs   Observer
 	hosts atomic.Pointer[hostSet]
+	gate  *earlyGate
 }
 
 // hostSet caches the MITM host set of one contract.
@@ -145,6 +146,7 @@ func New(cfg Config) (*Proxy, error) {
 		log: cfg.Logger,
 		obs: cfg.Observer,
 	}
+	p.gate = newEarlyGate(64, p.countEarly)
 	p.gp = p.build()
 	return p, nil
 }
@@ -158,8 +160,13 @@ func (p *Proxy) WrapListener(ln net.Listener) net.Listener {
 	return NewIdleListener(ln, p.cfg.IdleTimeout)
 }
 
-// Close releases idle upstream connections.
-func (p *Proxy) Close() { p.tr.CloseIdleConnections() }
+// Close waits until every early poll answered so far is counted in the
+// ledger and releases idle upstream connections. Call it after the HTTP
+// server has shut down and before the ledger is closed.
+func (p *Proxy) Close() {
+	p.gate.drain()
+	p.tr.CloseIdleConnections()
+}
 
 // NewTransport returns the upstream transport: verified TLS (roots nil =
 // system roots), no proxy (pollgate never forwards to itself, whatever

@@ -316,6 +316,7 @@ func (p *Proxy) recordAction(cl *call, op *rules.Operation, rec rules.ActionReco
 		cl.log.Error("failed to record an action", "op", op.ID, "kind", rec.Kind, "err", err)
 		return nil
 	}
+	p.gate.remember(ledger.KeyOf(updated), updated)
 	if updated.Phase == rules.PhaseStopped && op.Phase != rules.PhaseStopped {
 		p.obs.Escalated(updated.Clone())
 	}

@@ -1,0 +1,149 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"pollgate/ledger"
+	"pollgate/rules"
+)
+
+// earlyGate answers early polls from memory and counts them in the ledger
+// in the background, so a tight-looping agent costs no fsync on its
+// request path.
+//
+// Why a remembered "not before" time is safe: it is the NextPollAt of a
+// record this process committed or read while the operation was waiting.
+// Before that time no status request can be reserved (Reserve refuses it),
+// so nothing can move NextPollAt earlier: the operation can only stay
+// waiting with the same schedule or end (admin close, confirmed cancel).
+// A remembered time therefore never lets a request through early; at worst
+// an agent learns that its operation ended at its next allowed poll instead
+// of a few seconds sooner.
+//
+// Counting: every early poll answered from memory is still recorded by a
+// Reserve call with the poll's own time (so it can only be counted as
+// too early, never reserve), run by a bounded pool of workers; when the
+// queue is full the request path calls Reserve itself (back-pressure, no
+// early poll is dropped).
+type earlyGate struct {
+	mu      sync.Mutex
+	entries map[ledger.Key]gateEntry
+
+	queue   chan earlyPoll
+	count   func(earlyPoll)
+	pending sync.WaitGroup // early polls not yet counted
+}
+
+type gateEntry struct {
+	notBefore time.Time
+	op        *rules.Operation // snapshot for the 429 body (ids, counters)
+}
+
+type earlyPoll struct {
+	key   ledger.Key
+	at    time.Time
+	lease time.Duration
+}
+
+// maxGateEntries bounds the remembered schedules; beyond it the gate
+// starts over (correctness never depends on an entry being present).
+const maxGateEntries = 100_000
+
+func newEarlyGate(workers int, count func(earlyPoll)) *earlyGate {
+	g := &earlyGate{
+		entries: make(map[ledger.Key]gateEntry),
+		queue:   make(chan earlyPoll, 16384),
+		count:   count,
+	}
+	for i := 0; i < workers; i++ {
+		go func() {
+			for ep := range g.queue {
+				g.count(ep)
+				g.pending.Done()
+			}
+		}()
+	}
+	return g
+}
+
+// remember records that op (waiting) may not be polled before its
+// NextPollAt. Records that are not waiting are forgotten.
+func (g *earlyGate) remember(key ledger.Key, op *rules.Operation) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if op == nil || op.Phase != rules.PhaseWaiting || op.NextPollAt.IsZero() {
+		delete(g.entries, key)
+		return
+	}
+	if len(g.entries) >= maxGateEntries {
+		g.entries = make(map[ledger.Key]gateEntry)
+	}
+	snap := &rules.Operation{ID: op.ID, Provider: op.Provider, JobID: op.JobID, Used: op.Used, Budget: op.Budget,
+		NextPollAt: op.NextPollAt, Phase: op.Phase, DelaySource: op.DelaySource}
+	g.entries[key] = gateEntry{notBefore: op.NextPollAt, op: snap}
+}
+
+func (g *earlyGate) forget(key ledger.Key) {
+	g.mu.Lock()
+	delete(g.entries, key)
+	g.mu.Unlock()
+}
+
+// check returns the remembered snapshot and the wait when a poll at now is
+// early; ok is false when the ledger must decide.
+func (g *earlyGate) check(key ledger.Key, now time.Time) (op *rules.Operation, wait time.Duration, ok bool) {
+	g.mu.Lock()
+	e, found := g.entries[key]
+	if found && !now.Before(e.notBefore) {
+		delete(g.entries, key)
+		found = false
+	}
+	g.mu.Unlock()
+	if !found {
+		return nil, 0, false
+	}
+	return e.op, e.notBefore.Sub(now), true
+}
+
+// record counts one early poll in the ledger, in the background when the
+// queue has room.
+func (g *earlyGate) record(ep earlyPoll) {
+	g.pending.Add(1)
+	select {
+	case g.queue <- ep:
+	default:
+		g.pending.Done()
+		g.count(ep)
+	}
+}
+
+// drain waits until every early poll answered so far is counted.
+func (g *earlyGate) drain() { g.pending.Wait() }
+
+// countEarly is the gate's counter: one Reserve at the early poll's own
+// time, which the ledger answers TooEarly (counting it) or Terminal.
+func (p *Proxy) countEarly(ep earlyPoll) {
+	res, err := step(p, "reserve", func(ctx context.Context) (ledger.Reservation, error) {
+		return p.cfg.Store.Reserve(ctx, ep.key, p.cfg.HolderID, ep.lease, ep.at)
+	})
+	switch {
+	case err != nil:
+		p.log.Warn("failed to count an early poll", "provider", ep.key.Provider, "job", ep.key.JobID, "err", err)
+	case res.Outcome == ledger.Reserved:
+		// Cannot happen for a remembered waiting schedule (see earlyGate);
+		// release the lease at once rather than hold it for nothing.
+		p.log.Error("early-poll count reserved a request; releasing it", "op", res.Op.ID)
+		op := res.Op.Clone()
+		op.Lease.Holder, op.Lease.ExpiresAt = "", time.Time{}
+		_, _ = step(p, "complete", func(ctx context.Context) (*rules.Operation, error) {
+			e := entry(op, "lease_released", nil, ep.at)
+			e.Story = "reservation released unused (early-poll accounting)"
+			return p.cfg.Store.Complete(ctx, res, op, e)
+		})
+		p.gate.forget(ep.key)
+	case res.Outcome != ledger.TooEarly:
+		p.gate.forget(ep.key)
+	}
+}
