@@ -86,6 +86,19 @@ func main() {
 
 var onlyMode string
 
+// lastStores are the ledgers of the current governed proxies, by backoff.
+var lastStores = map[string]*ledger.BoltStore{}
+
+func storeFor(mode string) *ledger.BoltStore {
+	switch mode {
+	case "governed":
+		return lastStores["1ms"]
+	case "early-429":
+		return lastStores["1h"]
+	}
+	return nil
+}
+
 type result struct {
 	mode  string
 	conns int
@@ -152,8 +165,18 @@ func run(d, warmup time.Duration, conns []int, jobsPerConn int, noSync bool) err
 			if onlyMode != "" && m.name != onlyMode && m.name != "bare-mitm" {
 				continue
 			}
+			var c0, s0 int64
+			if st := storeFor(m.name); st != nil {
+				c0, s0 = st.CommitStats()
+			}
 			r := load(upURL, m.proxy, authority, roots, n, d, warmup, m.path, 0)
 			r.mode = m.name
+			if st := storeFor(m.name); st != nil {
+				c1, s1 := st.CommitStats()
+				if c1 > c0 {
+					fmt.Printf("           ledger: %d commits, %.1f steps per commit\n", c1-c0, float64(s1-s0)/float64(c1-c0))
+				}
+			}
 			results = append(results, r)
 			fmt.Printf("%-10s conns=%-3d %9.0f req/s  p50 %-9s p99 %-9s codes %v errors %d\n",
 				r.mode, n, float64(r.reqs)/r.dur.Seconds(), r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.codes, r.errs)
@@ -344,6 +367,8 @@ providers:
 `
 
 // startPollgate runs the governed proxy with a bbolt ledger in a temp dir.
+// The ledger is remembered by backoff ("1ms" governed, "1h" early-429) so
+// the run can print its group-commit statistics.
 func startPollgate(authority *ca.Authority, roots *x509.CertPool, upURL, backoff string, noSync bool) (string, func(), error) {
 	c, err := rules.Parse("bench.yaml", []byte(fmt.Sprintf(benchContract, backoff, backoff, upURL)))
 	if err != nil {
@@ -358,6 +383,7 @@ func startPollgate(authority *ca.Authority, roots *x509.CertPool, upURL, backoff
 	if err != nil {
 		return "", nil, err
 	}
+	lastStores[backoff] = st
 	p, err := proxy.New(proxy.Config{
 		Contract:      func() *rules.Contract { return c },
 		Store:         st,
