@@ -11,9 +11,10 @@ import (
 )
 
 // benchReservePlusComplete measures governed status calls: one Reserve and
-// one Complete each, from 8 goroutines per CPU over 1,024 operations, and
-// reports pairs/s.
-func benchReservePlusComplete(b *testing.B, s ledger.Store) {
+// one Complete each, from parallelism goroutines per CPU (concurrent agents'
+// status calls, which group commit turns into shared transactions) over
+// 1,024 operations, and reports pairs/s.
+func benchReservePlusComplete(b *testing.B, s ledger.Store, parallelism int) {
 	ctx := context.Background()
 	const nOps = 1024
 	keys := make([]ledger.Key, nOps)
@@ -27,9 +28,14 @@ func benchReservePlusComplete(b *testing.B, s ledger.Store) {
 		}
 		keys[i] = ledger.KeyOf(got)
 	}
+	type statser interface{ CommitStats() (commits, steps int64) }
+	var c0, n0 int64
+	if st, ok := s.(statser); ok {
+		c0, n0 = st.CommitStats()
+	}
 	var next, busy atomic.Int64
 	now := t0.Add(time.Second)
-	b.SetParallelism(8)
+	b.SetParallelism(parallelism)
 	b.ResetTimer()
 	start := time.Now()
 	b.RunParallel(func(pb *testing.PB) {
@@ -54,21 +60,27 @@ func benchReservePlusComplete(b *testing.B, s ledger.Store) {
 	b.StopTimer()
 	b.ReportMetric(float64(int64(b.N)-busy.Load())/elapsed.Seconds(), "pairs/s")
 	b.ReportMetric(0, "ns/op")
+	if st, ok := s.(statser); ok {
+		if c, n := st.CommitStats(); c > c0 {
+			b.ReportMetric(float64(n-n0)/float64(c-c0), "steps/commit")
+		}
+	}
 }
 
 // BenchmarkReservePlusComplete/bbolt runs with fsync on: the throughput comes
 // from group commit.
 func BenchmarkReservePlusComplete(b *testing.B) {
-	b.Run("bbolt", func(b *testing.B) {
-		s, err := ledger.OpenBolt(b.TempDir(), ledger.BoltOptions{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer s.Close()
-		benchReservePlusComplete(b, s)
-	})
-	b.Run("redis", func(b *testing.B) {
-		s := benchRedisStore(b)
-		benchReservePlusComplete(b, s)
+	for _, p := range []int{1, 32} {
+		b.Run(fmt.Sprintf("bbolt/p%d", p), func(b *testing.B) {
+			s, err := ledger.OpenBolt(b.TempDir(), ledger.BoltOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			benchReservePlusComplete(b, s, p)
+		})
+	}
+	b.Run("redis/p32", func(b *testing.B) {
+		benchReservePlusComplete(b, benchRedisStore(b), 32)
 	})
 }

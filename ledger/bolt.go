@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -70,6 +71,8 @@ type BoltStore struct {
 	log       *slog.Logger
 	maxBatch  int
 
+	commits, steps atomic.Int64 // group commit statistics
+
 	mu     sync.RWMutex // guards closed and sends on queue
 	closed bool
 	queue  chan *boltStep
@@ -113,7 +116,7 @@ func OpenBolt(dir string, opts BoltOptions) (*BoltStore, error) {
 		return nil, unavailable("create data directory "+dir, err)
 	}
 	path := filepath.Join(dir, BoltFile)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoSync: opts.NoSync})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoSync: opts.NoSync, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		if errors.Is(err, bolterr.ErrTimeout) {
 			return nil, fmt.Errorf("failed to open ledger in %s: %w: the data directory is locked by another process "+
@@ -141,6 +144,12 @@ func OpenBolt(dir string, opts BoltOptions) (*BoltStore, error) {
 	}
 	go s.commitLoop()
 	return s, nil
+}
+
+// CommitStats returns how many transactions the writer committed (or tried
+// to) and how many steps they carried; steps/commits is the mean group size.
+func (s *BoltStore) CommitStats() (commits, steps int64) {
+	return s.commits.Load(), s.steps.Load()
 }
 
 // Dir returns the data directory.
@@ -193,6 +202,8 @@ func (s *BoltStore) commitLoop() {
 			}
 		}
 		results = results[:0]
+		s.commits.Add(1)
+		s.steps.Add(int64(len(batch)))
 		txErr := s.db.Update(func(tx *bolt.Tx) error {
 			for _, st := range batch {
 				err := applyStep(st, tx)
