@@ -21,7 +21,8 @@ const envUsage = `Usage: pollgate env [--data DIR] [--listen ADDR]
 
 Prints shell exports that send an agent's HTTP(S) traffic through pollgate
 and make it trust the pollgate CA:
-  HTTPS_PROXY, HTTP_PROXY          the proxy listener
+  HTTPS_PROXY, HTTP_PROXY          the proxy listener (also https_proxy and
+                                   http_proxy: curl ignores HTTP_PROXY)
   SSL_CERT_FILE, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE
                                    bundle.pem (system roots + the pollgate CA)
   NODE_EXTRA_CA_CERTS              ca.pem (Node adds it to its roots)
@@ -67,6 +68,8 @@ func runEnv(_ context.Context, env Env) error {
 	exports := []struct{ k, v string }{
 		{"HTTPS_PROXY", proxyURL},
 		{"HTTP_PROXY", proxyURL},
+		{"https_proxy", proxyURL}, // curl and wget read the lower-case names
+		{"http_proxy", proxyURL},  // (curl ignores HTTP_PROXY)
 		{"SSL_CERT_FILE", bundle},
 		{"REQUESTS_CA_BUNDLE", bundle},
 		{"CURL_CA_BUNDLE", bundle},

@@ -33,14 +33,14 @@ func TestEnvPrintsEvalableExports(t *testing.T) {
 		t.Skip("no sh")
 	}
 	script := out + `
-printf '%s\n' "$HTTPS_PROXY" "$HTTP_PROXY" "$SSL_CERT_FILE" "$REQUESTS_CA_BUNDLE" "$CURL_CA_BUNDLE" "$NODE_EXTRA_CA_CERTS" "$NODE_USE_ENV_PROXY"`
+printf '%s\n' "$HTTPS_PROXY" "$HTTP_PROXY" "$http_proxy" "$SSL_CERT_FILE" "$REQUESTS_CA_BUNDLE" "$CURL_CA_BUNDLE" "$NODE_EXTRA_CA_CERTS" "$NODE_USE_ENV_PROXY"`
 	got, err := exec.Command(sh, "-c", script).Output()
 	if err != nil {
 		t.Fatalf("eval failed: %v\n%s", err, out)
 	}
 	abs, _ := filepath.Abs(dir)
 	bundle, caFile := filepath.Join(abs, "bundle.pem"), filepath.Join(abs, "ca.pem")
-	want := strings.Join([]string{"http://127.0.0.1:9090", "http://127.0.0.1:9090", bundle, bundle, bundle, caFile, "1"}, "\n") + "\n"
+	want := strings.Join([]string{"http://127.0.0.1:9090", "http://127.0.0.1:9090", "http://127.0.0.1:9090", bundle, bundle, bundle, caFile, "1"}, "\n") + "\n"
 	if string(got) != want {
 		t.Fatalf("after eval:\n%s\nwant:\n%s", got, want)
 	}
