@@ -10,12 +10,14 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"pollgate/audit"
 	"pollgate/ledger"
+	"pollgate/rules"
 )
 
 func openBolt(sync bool) opener {
@@ -190,4 +192,41 @@ func TestBoltCrashBetweenReserveAndComplete(t *testing.T) {
 	if rep, err := audit.Verify(&buf); err != nil || !rep.OK() || rep.Entries != 1 {
 		t.Fatalf("audit after crash: %+v %v", rep, err)
 	}
+}
+
+// The sweeper runs on the injected clock and stops with its context.
+func TestBoltRunSweeper(t *testing.T) {
+	s, err := ledger.OpenBolt(t.TempDir(), ledger.BoltOptions{NoSync: true, Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	op := newOp("op_old", "job_old")
+	op.Phase = rules.PhaseClosed
+	mustCreate(t, s, op)
+	ctx, cancel := context.WithCancel(context.Background())
+	var clock atomic.Int64
+	clock.Store(t0.Add(30 * time.Minute).UnixNano())
+	stopped := make(chan struct{})
+	go func() {
+		s.RunSweeper(ctx, time.Millisecond, func() time.Time { return time.Unix(0, clock.Load()) })
+		close(stopped)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if _, err := s.GetByID(ctx, "op_old"); err != nil {
+		t.Fatalf("swept inside retention: %v", err)
+	}
+	clock.Store(t0.Add(2 * time.Hour).UnixNano())
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := s.GetByID(ctx, "op_old"); errors.Is(err, ledger.ErrNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("sweeper did not remove the expired operation")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-stopped
 }

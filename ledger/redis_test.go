@@ -23,6 +23,7 @@ import (
 
 	"pollgate/audit"
 	"pollgate/ledger"
+	"pollgate/rules"
 )
 
 var prefixSeq atomic.Int64
@@ -353,4 +354,54 @@ func benchRedisStore(b *testing.B) ledger.Store {
 	s := ledger.NewRedisStore(redis.NewClient(&redis.Options{Addr: m.Addr()}), ledger.RedisOptions{Prefix: uniquePrefix()})
 	b.Cleanup(func() { s.Close() })
 	return s
+}
+
+// Retention on Redis: a terminal operation's keys expire; a waiting one and
+// one reopened by an extension (escalated -> waiting) do not.
+func TestRedisRetentionExpiry(t *testing.T) {
+	m := miniredis.RunT(t)
+	s := ledger.NewRedisStore(redis.NewClient(&redis.Options{Addr: m.Addr()}), ledger.RedisOptions{Retention: time.Hour})
+	defer s.Close()
+	ctx := context.Background()
+	done := newOp("op_done", "job_done")
+	done.Phase = rules.PhaseSucceeded
+	mustCreate(t, s, done)
+	mustCreate(t, s, newOp("op_wait", "job_wait"))
+	k := ledger.KeyOf(mustCreate(t, s, newOp("op_ext", "job_ext")))
+	r := mustReserve(t, s, k, t0.Add(time.Second), ledger.Reserved)
+	esc := r.Op.Clone()
+	esc.Phase = rules.PhaseEscalated
+	if _, err := s.Complete(ctx, r, esc, entry("escalated", t0.Add(2*time.Second))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Update(ctx, "op_ext", t0.Add(time.Minute), func(op *rules.Operation) (audit.Entry, error) {
+		op.Phase = rules.PhaseWaiting
+		op.DeadlineAt = op.DeadlineAt.Add(15 * time.Minute)
+		return audit.Entry{Event: "extended", Story: "extended"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m.FastForward(59 * time.Minute)
+	if _, err := s.GetByID(ctx, "op_done"); err != nil {
+		t.Fatalf("terminal operation expired before its retention: %v", err)
+	}
+	m.FastForward(2 * time.Minute)
+	if _, err := s.GetByID(ctx, "op_done"); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("terminal operation kept past its retention: %v", err)
+	}
+	if envs, err := s.Audit(ctx, "op_done"); err == nil && len(envs) > 0 {
+		t.Fatal("audit chain kept past retention")
+	}
+	for _, id := range []string{"op_wait", "op_ext"} {
+		if op, err := s.GetByID(ctx, id); err != nil || op.Phase != rules.PhaseWaiting {
+			t.Fatalf("%s: %v %v", id, op, err)
+		}
+	}
+	if n, err := s.Sweep(ctx, t0); err != nil || n != 0 {
+		t.Fatalf("Sweep = %d, %v", n, err)
+	}
+	p, err := s.List(ctx, ledger.Filter{})
+	if err != nil || len(p.Operations) != 2 {
+		t.Fatalf("List after expiry: %d operations, %v", len(p.Operations), err)
+	}
 }
