@@ -10,7 +10,46 @@
 // Time: every step takes "now" from the caller (one injected clock per
 // process, NTP-synchronised across replicas). The same clock drives the
 // decisions in rules, so a Reserve check and the schedule it enforces never
-// disagree, and tests control time without touching Redis.
+// disagree, and tests control time without touching Redis. Redis TIME was
+// the alternative; it would give replicas one clock, but the schedule
+// (next_poll_at, deadline) is computed by rules from the process clock
+// anyway, so a second clock inside the scripts could only disagree with it.
+// Steps without a time argument (Create, Complete, Escalate) take it from
+// the entry's Time, else the record's UpdatedAt. Only the retention expiry
+// of Redis keys (PEXPIRE) runs on the Redis clock. Redis compares times at
+// microsecond precision.
+//
+// Backends:
+//
+//   - BoltStore (OpenBolt): <data-dir>/ledger.db, mode 0600. One process per
+//     data directory (the file lock; a second process fails with an error
+//     naming the directory), so with bbolt pollgate is a single replica.
+//     Every step is a read-write transaction with fsync; concurrent steps
+//     share one transaction (group commit, see BoltStore). Terminal
+//     operations are removed by RunSweeper after the retention period.
+//   - RedisStore (OpenRedis, NewRedisStore): any number of replicas, Redis
+//     Cluster compatible; one Lua script per step, all keys of one operation
+//     under one hash tag. A governed status call costs two round trips (one
+//     Reserve script, one Complete script). Terminal operations expire
+//     (PEXPIRE) after the retention period.
+//
+// Redis must not lose or evict writes, or budgets reset (R11):
+//
+//	appendonly yes
+//	appendfsync everysec        # "always" loses nothing on a crash, at a cost
+//	maxmemory-policy noeviction # writes fail (ErrUnavailable) instead of evicting
+//
+// OpenRedis warns at start when maxmemory-policy evicts or appendonly is off.
+//
+// Ownership of record fields: Reserve owns the request counter, early polls
+// and the lease; Update (admin steps, recorded actions) owns Actions,
+// Extensions, ResubmissionAllowed and ClosedAt/ClosedBy, which Complete and
+// Escalate keep from the stored record; the ledger owns the identity and the
+// audit chain (AuditHead, AuditCount). The ledger fills an entry's
+// OperationID, Provider, JobID and Time when empty and sets its counters
+// (Used, Max, EarlyPolls) from the committed record. On Redis an entry's
+// EarlyPolls is the count known when the step started (early polls counted
+// while a request was in flight show up in the next entry).
 package ledger
 
 import (
@@ -109,6 +148,9 @@ type Store interface {
 	// metadata, state, schedule, counters, escalation) and releases the lease,
 	// only if the fence still matches (else ErrFenceLost). Counters owned by
 	// other steps (early polls) are preserved from the stored record.
+	// A second Complete of the same reservation is ErrFenceLost too; if an
+	// admin step moved the operation out of the waiting phase meanwhile,
+	// Complete returns ErrConflict and writes nothing.
 	Complete(ctx context.Context, res Reservation, op *rules.Operation, entry audit.Entry) (*rules.Operation, error)
 	// Escalate commits an escalation decided without a reservation (deadline
 	// or budget found by Reserve). It applies only while the stored phase is
@@ -117,6 +159,10 @@ type Store interface {
 	// Update applies fn to the stored record in one atomic step and appends
 	// entry (built by fn's caller from the result). Used for admin steps and
 	// recorded actions. fn may return ErrConflict to abort without writing.
+	// fn must not call the Store, and may run more than once (Redis retries
+	// when another step appended to the chain meanwhile): no side effects
+	// beyond the record. Changes fn makes to the fields Reserve owns (request
+	// counter, early polls, lease) and to the identity are ignored.
 	Update(ctx context.Context, id string, now time.Time, fn func(op *rules.Operation) (audit.Entry, error)) (*rules.Operation, error)
 
 	// List pages through operations by phase and provider.

@@ -81,8 +81,10 @@ const maxCAS = 16
 // operations whose deadline is extended.
 const indexSlack = 7 * 24 * time.Hour
 
-// NewRedisStore returns a store on an existing client (Client, Ring-free
-// Cluster or Failover client). It does no I/O; Close closes the client.
+// NewRedisStore returns a store on an existing client (*redis.Client,
+// *redis.ClusterClient or a failover client; not a Ring, which would split
+// an operation's keys). It does no I/O and loads no scripts (they load on
+// first use); Close closes the client.
 func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 	if opts.Retention <= 0 {
 		opts.Retention = DefaultRetention
