@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,7 +60,8 @@ type RedisOptions struct {
 	AuditKey []byte
 	// Logger receives configuration warnings. Default slog.Default().
 	Logger *slog.Logger
-	// Prefix starts every key. Default "pg".
+	// Prefix starts every key. Default "pg". It must not contain '{' or '}'
+	// (the hash tags that keep an operation's keys in one Cluster slot).
 	Prefix string
 }
 
@@ -105,6 +107,9 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*RedisStore, error) {
 	if opts.AuditKey != nil && len(opts.AuditKey) != audit.KeySize {
 		return nil, fmt.Errorf("failed to open ledger: audit key has %d bytes, want %d", len(opts.AuditKey), audit.KeySize)
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("failed to open ledger: key prefix %q must not contain '{' or '}'", opts.Prefix)
 	}
 	o, err := redis.ParseURL(url)
 	if err != nil {

@@ -37,6 +37,7 @@ func openMiniredis(t *testing.T, cfg storeConfig) ledger.Store {
 	t.Helper()
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	c.AddHook(sameSlotHook{t})
 	s := ledger.NewRedisStore(c, ledger.RedisOptions{Retention: cfg.Retention, AuditKey: cfg.AuditKey, Prefix: uniquePrefix()})
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -403,5 +404,50 @@ func TestRedisRetentionExpiry(t *testing.T) {
 	p, err := s.List(ctx, ledger.Filter{})
 	if err != nil || len(p.Operations) != 2 {
 		t.Fatalf("List after expiry: %d operations, %v", len(p.Operations), err)
+	}
+}
+
+// sameSlotHook fails the test when a script is called with keys of
+// different hash tags: Redis Cluster would reject it with CROSSSLOT.
+type sameSlotHook struct{ t *testing.T }
+
+func hashTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i+1 : i+1+j]
+		}
+	}
+	return key
+}
+
+func (h sameSlotHook) check(cmd redis.Cmder) {
+	args := cmd.Args()
+	name := strings.ToLower(fmt.Sprint(args[0]))
+	if (name != "evalsha" && name != "eval") || len(args) < 3 {
+		return
+	}
+	n, _ := args[2].(int)
+	if n < 1 {
+		h.t.Errorf("%s without KEYS: every key must be passed in KEYS", name)
+		return
+	}
+	tag := hashTag(fmt.Sprint(args[3]))
+	for _, k := range args[3 : 3+n] {
+		if hashTag(fmt.Sprint(k)) != tag {
+			h.t.Errorf("script keys in different hash slots: %v", args[3:3+n])
+		}
+	}
+}
+
+func (h sameSlotHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h sameSlotHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.check(cmd); return next(ctx, cmd) }
+}
+func (h sameSlotHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.check(c)
+		}
+		return next(ctx, cmds)
 	}
 }
