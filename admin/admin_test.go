@@ -326,20 +326,31 @@ func TestCloseAndAllowResubmission(t *testing.T) {
 		t.Errorf("close unknown: %d", code)
 	}
 
-	blocked := f.seed.Escalated("acme", rules.ReasonResubmissionBlocked)
-	if code := f.do(t, "POST", "/api/operations/"+blocked.ID+"/allow-resubmission", `{"by":"carol"}`, &or); code != 200 || !or.Operation.ResubmissionAllowed {
+	// R20: the proxy records a blocked identical submission on the waiting
+	// operation; a person may let one through, once.
+	blocked := f.seed.ResubmissionBlocked("acme")
+	if code := f.do(t, "POST", "/api/operations/"+blocked.ID+"/allow-resubmission", `{"by":"carol"}`, &or); code != 200 || !or.Operation.ResubmissionAllowed ||
+		or.Operation.Phase != rules.PhaseWaiting {
 		t.Fatalf("allow-resubmission: %d %+v", code, or.Operation)
 	}
 	if code := f.do(t, "POST", "/api/operations/"+blocked.ID+"/allow-resubmission", ``, &e); code != 409 || !strings.Contains(e.Error, "already allowed") {
-		t.Errorf("second allow-resubmission: %d %+v", code, e)
+		t.Errorf("second allow-resubmission before use: %d %+v", code, e)
 	}
-	if code := f.do(t, "POST", "/api/operations/"+waiting.ID+"/allow-resubmission", ``, &e); code != 409 {
-		t.Errorf("allow-resubmission for a waiting operation: %d", code)
+	f.seed.UseResubmission(blocked)
+	if code := f.do(t, "POST", "/api/operations/"+blocked.ID+"/allow-resubmission", ``, &e); code != 409 || !strings.Contains(e.Error, "already allowed once") {
+		t.Errorf("allow-resubmission after the allowed one was used: %d %+v", code, e)
+	}
+	if code := f.do(t, "POST", "/api/operations/"+waiting.ID+"/allow-resubmission", ``, &e); code != 409 || !strings.Contains(e.Error, "no resubmission") {
+		t.Errorf("allow-resubmission without a blocked submission: %d %+v", code, e)
+	}
+	escBlocked := f.seed.Escalated("acme", rules.ReasonResubmissionBlocked)
+	if code := f.do(t, "POST", "/api/operations/"+escBlocked.ID+"/allow-resubmission", ``, &or); code != 200 {
+		t.Errorf("allow-resubmission for an escalated resubmission_blocked: %d", code)
 	}
 	var sr admin.ShowResponse
 	f.do(t, "GET", "/api/operations/"+blocked.ID, "", &sr)
-	if last := sr.Story[len(sr.Story)-1]; !strings.Contains(last, "allowed by carol") {
-		t.Errorf("story: %q", last)
+	if story := strings.Join(sr.Story, "\n"); !strings.Contains(story, "one resubmission of the same request allowed by carol") {
+		t.Errorf("story: %s", story)
 	}
 }
 

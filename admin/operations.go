@@ -293,31 +293,56 @@ func (s *server) close(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, OperationResponse{Operation: op})
 }
 
+// allowResubmission lets the next identical submission of an operation's
+// request through once (R20). The proxy refuses such a submission with a
+// resubmission_blocked escalation body and records "resubmission_blocked" in
+// the existing operation's audit chain (the operation itself keeps its
+// phase); an operation escalated with that reason qualifies too. A person
+// may allow it once per operation.
 func (s *server) allowResubmission(w http.ResponseWriter, r *http.Request) {
 	var req ActionRequest
 	if !decodeBody(w, r, &req, true) {
 		return
 	}
+	id := r.PathValue("id")
+	envs, err := s.cfg.Store.Audit(r.Context(), id)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	blocked, allowedBefore := false, false
+	for _, env := range envs {
+		e, err := audit.DecodeEntry(env, s.cfg.AuditKey)
+		if err != nil {
+			continue
+		}
+		switch {
+		case e.Event == eventResubmissionAllowed:
+			allowedBefore = true
+		case e.Event == "resubmission_blocked" || e.Reason == string(rules.ReasonResubmissionBlocked):
+			blocked = true
+		}
+	}
 	by := actor(req.By)
 	now := s.cfg.Now()
-	op, err := s.cfg.Store.Update(r.Context(), r.PathValue("id"), now, func(op *rules.Operation) (audit.Entry, error) {
+	op, err := s.cfg.Store.Update(r.Context(), id, now, func(op *rules.Operation) (audit.Entry, error) {
+		escalatedBlocked := op.Escalation != nil && op.Escalation.Reason == rules.ReasonResubmissionBlocked
 		switch {
-		case op.Escalation == nil || op.Escalation.Reason != rules.ReasonResubmissionBlocked:
-			reason := "no escalation"
-			if op.Escalation != nil {
-				reason = string(op.Escalation.Reason)
-			}
-			return audit.Entry{}, fmt.Errorf("%w: operation %s is not blocked for resubmission (%s, %s)", ledger.ErrConflict, op.ID, op.Phase, reason)
+		case !blocked && !escalatedBlocked:
+			return audit.Entry{}, fmt.Errorf("%w: no resubmission of operation %s was blocked (it is %s); only a request refused as resubmission_blocked can be allowed once",
+				ledger.ErrConflict, op.ID, op.Phase)
 		case op.ResubmissionAllowed:
-			return audit.Entry{}, fmt.Errorf("%w: one resubmission of operation %s was already allowed", ledger.ErrConflict, op.ID)
+			return audit.Entry{}, fmt.Errorf("%w: one resubmission of operation %s is already allowed and not used yet", ledger.ErrConflict, op.ID)
+		case allowedBefore:
+			return audit.Entry{}, fmt.Errorf("%w: a resubmission of operation %s was already allowed once", ledger.ErrConflict, op.ID)
 		}
 		op.ResubmissionAllowed = true
 		story := fmt.Sprintf("one resubmission of the same request allowed by %s", by)
 		if req.Note != "" {
 			story += ": " + oneLine(req.Note, 200)
 		}
-		return audit.Entry{Time: now, Event: "resubmission_allowed", Decision: "allow_resubmission", Actor: by,
-			Reason: string(rules.ReasonResubmissionBlocked), Story: story}, nil
+		return audit.Entry{Time: now, Event: eventResubmissionAllowed, Decision: "allow_resubmission", Actor: by,
+			Reason: string(rules.ReasonResubmissionBlocked), State: op.LastState, Story: story}, nil
 	})
 	if err != nil {
 		s.storeError(w, r, err)
@@ -326,6 +351,8 @@ func (s *server) allowResubmission(w http.ResponseWriter, r *http.Request) {
 	s.cfg.Logger.Info("resubmission allowed", "op", op.ID, "provider", op.Provider, "by", by)
 	writeJSON(w, http.StatusOK, OperationResponse{Operation: op})
 }
+
+const eventResubmissionAllowed = "resubmission_allowed"
 
 func (s *server) export(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")

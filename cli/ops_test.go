@@ -178,7 +178,7 @@ func TestOpsEndToEnd(t *testing.T) {
 		t.Errorf("second close: %d %q", r.code, r.stderr)
 	}
 	// allow-resubmission only for resubmission_blocked.
-	blocked := s.seed.Escalated("acme", rules.ReasonResubmissionBlocked)
+	blocked := s.seed.ResubmissionBlocked("acme")
 	if r := run(t, env, "ops", "allow-resubmission", blocked.ID, "--json"); r.code != 0 || !strings.Contains(r.stdout, `"resubmission_allowed": true`) {
 		t.Errorf("allow-resubmission: %d %q %q", r.code, r.stdout, r.stderr)
 	}

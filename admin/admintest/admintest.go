@@ -187,3 +187,37 @@ func (s *Seeder) EarlyPoll(op *rules.Operation) {
 		s.T.Fatalf("fixture early poll: %v %v", res.Outcome, err)
 	}
 }
+
+// ResubmissionBlocked creates a waiting operation and records a refused
+// identical submission on it, as the proxy does (R20): an audit entry
+// "resubmission_blocked", the phase unchanged.
+func (s *Seeder) ResubmissionBlocked(provider string) *rules.Operation {
+	s.T.Helper()
+	op := s.Waiting(provider)
+	at := Start.Add(time.Minute)
+	out, err := s.Store.Update(context.Background(), op.ID, at, func(o *rules.Operation) (audit.Entry, error) {
+		return audit.Entry{Time: at, Event: "resubmission_blocked", Decision: "refused", Reason: string(rules.ReasonResubmissionBlocked),
+			Story: "identical submission refused (no idempotency key), resubmission blocked"}, nil
+	})
+	if err != nil {
+		s.T.Fatalf("fixture resubmission blocked: %v", err)
+	}
+	return out
+}
+
+// UseResubmission consumes an allowed resubmission, as the proxy does when
+// the identical submission arrives.
+func (s *Seeder) UseResubmission(op *rules.Operation) {
+	s.T.Helper()
+	at := Start.Add(2 * time.Minute)
+	_, err := s.Store.Update(context.Background(), op.ID, at, func(o *rules.Operation) (audit.Entry, error) {
+		if !o.ResubmissionAllowed {
+			return audit.Entry{}, ledger.ErrConflict
+		}
+		o.ResubmissionAllowed = false
+		return audit.Entry{Time: at, Event: "resubmission_used", Story: "identical submission forwarded once, as a person allowed"}, nil
+	})
+	if err != nil {
+		s.T.Fatalf("fixture use resubmission: %v", err)
+	}
+}
