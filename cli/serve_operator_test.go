@@ -238,16 +238,34 @@ func TestOperatorSurfaceEndToEnd(t *testing.T) {
 	}
 	extended := shown.Operation
 
+	// close: acknowledged; agents keep getting the escalation body.
+	closedURL := prov.URL + "/v1/jobs/job_closed"
+	var closedID string
+	eventually(t, "the second escalation", func() bool {
+		resp, _ := e2eGetJob(t, client, closedURL)
+		closedID = resp.Header.Get("Pollgate-Operation")
+		time.Sleep(100 * time.Millisecond)
+		return resp.Header.Get("Pollgate-Decision") == "escalated"
+	})
+	if code, out, errs := pollgate("ops", "close", closedID, "--note", "not needed any more"); code != 0 || !strings.Contains(out, "closed "+closedID) {
+		t.Fatalf("ops close: %d %s %s", code, out, errs)
+	}
+	before = prov.pollCount("job_closed")
+	resp, body := e2eGetJob(t, client, closedURL)
+	if resp.Header.Get("Pollgate-Decision") != "escalated" || body["state"] != "failed" || prov.pollCount("job_closed") != before {
+		t.Errorf("poll after close: %s %v (provider polls %d -> %d)", resp.Header.Get("Pollgate-Decision"), body, before, prov.pollCount("job_closed"))
+	}
+
 	// Metrics, scraped and parsed.
 	tok := token
-	if v := scrapeMetric(t, srv.admin, tok, "pollgate_escalations_total", map[string]string{"provider": "e2e", "reason": "request_budget_exhausted"}); v != 1 {
+	if v := scrapeMetric(t, srv.admin, tok, "pollgate_escalations_total", map[string]string{"provider": "e2e", "reason": "request_budget_exhausted"}); v != 2 {
 		t.Errorf("escalations metric %v", v)
 	}
 	if v := scrapeMetric(t, srv.admin, tok, "pollgate_governed_requests_total", map[string]string{"decision": "forwarded"}); v < 2 {
 		t.Errorf("forwarded metric %v, want >= 2", v)
 	}
 	eventually(t, "the delivered notification metric", func() bool {
-		return scrapeMetric(t, srv.admin, tok, "pollgate_notifications_total", map[string]string{"outcome": "delivered"}) == 1
+		return scrapeMetric(t, srv.admin, tok, "pollgate_notifications_total", map[string]string{"outcome": "delivered"}) == 2
 	})
 	hash1 := readyHash(t, srv.admin)
 	if v := scrapeMetric(t, srv.admin, tok, "pollgate_contract_info", map[string]string{"hash": hash1}); v != 1 {
