@@ -112,16 +112,18 @@ end
 //	ARGV[13] fence of the reservation  ARGV[14] status requests used per the caller
 //
 // Returns {"not_found"}, {"fence_lost", fence}, {"phase_changed", phase},
-// {"moved", HGETALL...} or {"ok", HGETALL...}.
+// {"moved", HGETALL...} or {"ok", used, early} (a short reply: this is half
+// of every governed status call).
 var completeScript = redis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'fence', 'lexp', 'phase', 'used')
 if not f[3] then return {'not_found'} end
 if f[1] ~= ARGV[13] or tonumber(f[2]) == 0 then return {'fence_lost', f[1]} end
 if f[3] ~= 'waiting' then return {'phase_changed', f[3]} end
 ` + luaCheckAudit + luaWrite + `
-redis.call('HSET', KEYS[1], 'used', math.max(tonumber(f[4]), tonumber(ARGV[14])),
-  'holder', '', 'lexp', 0, 'lexpt', '')
-` + luaDone)
+local used = math.max(tonumber(f[4]), tonumber(ARGV[14]))
+redis.call('HSET', KEYS[1], 'used', used, 'holder', '', 'lexp', 0, 'lexpt', '')
+return {'ok', tostring(used), redis.call('HGET', KEYS[1], 'early')}
+`)
 
 // escalateScript commits an escalation decided without a reservation, only
 // while the phase is waiting and no live lease is held.

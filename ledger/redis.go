@@ -466,7 +466,12 @@ func (s *RedisStore) Complete(ctx context.Context, res Reservation, op *rules.Op
 		}
 		switch status(v) {
 		case "ok":
-			return decodeHash(v[1:])
+			// The stored record is n with the counters Reserve owns.
+			n.Used.StatusRequests, _ = strconv.Atoi(str(v, 1))
+			n.Used.EarlyPolls, _ = strconv.Atoi(str(v, 2))
+			n.Lease = rules.Lease{Fence: res.Fence}
+			applyEnvelope(n, env)
+			return n, nil
 		case "not_found":
 			return nil, ErrNotFound
 		case "fence_lost":
