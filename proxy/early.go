@@ -30,10 +30,23 @@ import (
 type earlyGate struct {
 	mu      sync.Mutex
 	entries map[ledger.Key]gateEntry
+	// coalesced holds early polls per job not yet counted, when the store
+	// can add several in one step (EarlyPollCounter).
+	coalesced map[ledger.Key]*earlyPoll
+	addMany   func(ep earlyPoll)
 
 	queue   chan earlyPoll
 	count   func(earlyPoll)
 	pending sync.WaitGroup // early polls not yet counted
+}
+
+// EarlyPollCounter is an optional extension of ledger.Store: count n early
+// polls of one operation in one atomic step, without an audit entry (as
+// Reserve does for a single early poll). When the store implements it, the
+// early polls of one job answered from memory are coalesced into one step;
+// otherwise each is counted by its own Reserve.
+type EarlyPollCounter interface {
+	AddEarlyPolls(ctx context.Context, key ledger.Key, n int, now time.Time) error
 }
 
 type gateEntry struct {
@@ -45,27 +58,52 @@ type earlyPoll struct {
 	key   ledger.Key
 	at    time.Time
 	lease time.Duration
+	n     int // coalesced count (EarlyPollCounter only)
 }
 
 // maxGateEntries bounds the remembered schedules; beyond it the gate
 // starts over (correctness never depends on an entry being present).
 const maxGateEntries = 100_000
 
-func newEarlyGate(workers int, count func(earlyPoll)) *earlyGate {
+// newEarlyGate starts workers that count early polls with count (one
+// Reserve each), or, when addMany is set, with one coalesced step per job.
+func newEarlyGate(workers int, count func(earlyPoll), addMany func(earlyPoll)) *earlyGate {
 	g := &earlyGate{
-		entries: make(map[ledger.Key]gateEntry),
-		queue:   make(chan earlyPoll, 16384),
-		count:   count,
+		entries:   make(map[ledger.Key]gateEntry),
+		coalesced: make(map[ledger.Key]*earlyPoll),
+		addMany:   addMany,
+		queue:     make(chan earlyPoll, 16384),
+		count:     count,
 	}
 	for i := 0; i < workers; i++ {
 		go func() {
 			for ep := range g.queue {
-				g.count(ep)
-				g.pending.Done()
+				g.flush(ep)
 			}
 		}()
 	}
 	return g
+}
+
+// flush counts one queued item: a single early poll, or every early poll
+// of the item's job coalesced so far.
+func (g *earlyGate) flush(ep earlyPoll) {
+	if g.addMany == nil {
+		g.count(ep)
+		g.pending.Done()
+		return
+	}
+	g.mu.Lock()
+	pc := g.coalesced[ep.key]
+	delete(g.coalesced, ep.key)
+	g.mu.Unlock()
+	if pc == nil {
+		return
+	}
+	g.addMany(*pc)
+	for i := 0; i < pc.n; i++ {
+		g.pending.Done()
+	}
 }
 
 // remember records that op (waiting) may not be polled before its
@@ -111,16 +149,38 @@ func (g *earlyGate) check(key ledger.Key, now time.Time) (op *rules.Operation, w
 // queue has room.
 func (g *earlyGate) record(ep earlyPoll) {
 	g.pending.Add(1)
+	if g.addMany != nil {
+		g.mu.Lock()
+		if pc := g.coalesced[ep.key]; pc != nil {
+			pc.n++ // a worker will count it with the others
+			g.mu.Unlock()
+			return
+		}
+		ep.n = 1
+		pc := ep // the map's copy; ep itself goes on the queue
+		g.coalesced[ep.key] = &pc
+		g.mu.Unlock()
+	}
 	select {
 	case g.queue <- ep:
 	default:
-		g.pending.Done()
-		g.count(ep)
+		g.flush(ep) // queue full: count on the request path (back-pressure)
 	}
 }
 
 // drain waits until every early poll answered so far is counted.
 func (g *earlyGate) drain() { g.pending.Wait() }
+
+// addEarly counts coalesced early polls with the store's EarlyPollCounter.
+func (p *Proxy) addEarly(ep earlyPoll) {
+	c := p.cfg.Store.(EarlyPollCounter)
+	_, err := step(p, "add_early_polls", func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, c.AddEarlyPolls(ctx, ep.key, ep.n, ep.at)
+	})
+	if err != nil {
+		p.log.Warn("failed to count early polls", "provider", ep.key.Provider, "job", ep.key.JobID, "n", ep.n, "err", err)
+	}
+}
 
 // countEarly is the gate's counter: one Reserve at the early poll's own
 // time, which the ledger answers TooEarly (counting it) or Terminal.

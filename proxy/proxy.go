@@ -146,7 +146,11 @@ func New(cfg Config) (*Proxy, error) {
 		log: cfg.Logger,
 		obs: cfg.Observer,
 	}
-	p.gate = newEarlyGate(64, p.countEarly)
+	var addMany func(earlyPoll)
+	if _, ok := cfg.Store.(EarlyPollCounter); ok {
+		addMany = p.addEarly
+	}
+	p.gate = newEarlyGate(256, p.countEarly, addMany)
 	p.gp = p.build()
 	return p, nil
 }

@@ -317,3 +317,74 @@ func (r *recordingObserver) Governed(p string, k rules.Kind, d string) {
 	v, _ := r.governed.LoadOrStore(string(k)+"/"+d, new(atomic.Int32))
 	v.(*atomic.Int32).Add(1)
 }
+
+// coalescingStore implements EarlyPollCounter on top of Reserve (n calls),
+// recording how the proxy used it.
+type coalescingStore struct {
+	ledger.Store
+	calls, polls atomic.Int32
+}
+
+func (c *coalescingStore) AddEarlyPolls(ctx context.Context, key ledger.Key, n int, now time.Time) error {
+	c.calls.Add(1)
+	c.polls.Add(int32(n))
+	for i := 0; i < n; i++ {
+		res, err := c.Store.Reserve(ctx, key, "counter", time.Second, now)
+		if err != nil {
+			return err
+		}
+		if res.Outcome != ledger.TooEarly {
+			return fmt.Errorf("early-poll count got %s", res.Outcome)
+		}
+	}
+	return nil
+}
+
+// With a store that can add several early polls in one step, early polls
+// of one job are coalesced, and every one is still counted.
+func TestEarlyPollsCoalesced(t *testing.T) {
+	var cs *coalescingStore
+	h := newHarness(t, harnessOpts{tls: true, store: func(s ledger.Store) ledger.Store {
+		cs = &coalescingStore{Store: s}
+		return cs
+	}})
+	h.prov.script("job_co", state("running"))
+	h.poll("job_co")
+	var wg sync.WaitGroup
+	var n atomic.Int32
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := h.newClient()
+			for j := 0; j < 10; j++ {
+				req, _ := http.NewRequest("GET", h.base+"/v1/jobs/job_co", nil)
+				req.Header.Set("Authorization", "Bearer sk-test-secret")
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 429 {
+					n.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	h.proxy.gate.drain()
+	op := h.op("job_co")
+	// The second poll went to the ledger (Reserve counts it); the rest were
+	// answered from memory and counted through AddEarlyPolls.
+	if op.Used.EarlyPolls != int(n.Load()) {
+		t.Fatalf("early polls counted %d, answered %d", op.Used.EarlyPolls, n.Load())
+	}
+	if cs.polls.Load() == 0 || cs.calls.Load() > cs.polls.Load() {
+		t.Fatalf("AddEarlyPolls: %d calls for %d polls", cs.calls.Load(), cs.polls.Load())
+	}
+	if op.Used.StatusRequests != 1 {
+		t.Fatalf("status requests %d, want 1", op.Used.StatusRequests)
+	}
+}
