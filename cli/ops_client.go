@@ -86,9 +86,13 @@ func newAdminClient(f *clientFlags, getenv func(string) string) (*adminClient, e
 		tok = strings.TrimSpace(string(b))
 	}
 	// The admin API is local: never send its token through a proxy.
+	// No overall timeout: an audit export of a large ledger streams for as
+	// long as it takes; a server that does not answer at all is caught by
+	// the header timeout.
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil
-	return &adminClient{base: base, token: tok, http: &http.Client{Transport: tr, Timeout: 60 * time.Second}}, nil
+	tr.ResponseHeaderTimeout = 60 * time.Second
+	return &adminClient{base: base, token: tok, http: &http.Client{Transport: tr}}, nil
 }
 
 // apiError is an error answer of the admin API.

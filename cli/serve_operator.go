@@ -25,7 +25,7 @@ func startOperatorSurface(ctx context.Context, deps *OperatorDeps) (proxy.Observ
 	if now == nil {
 		now = time.Now
 	}
-	m := metrics.New(metrics.Options{Store: deps.Store, Now: now, ProcessCollectors: true})
+	m := metrics.New(metrics.Options{Store: deps.Store, Now: now})
 	m.SetContract(deps.Contract.Load(), now())
 
 	n := notify.New(notify.Config{Logger: log.With("component", "notify"), OnOutcome: m.Notification})
