@@ -267,6 +267,15 @@ func TestOperatorSurfaceEndToEnd(t *testing.T) {
 	eventually(t, "the delivered notification metric", func() bool {
 		return scrapeMetric(t, srv.admin, tok, "pollgate_notifications_total", map[string]string{"outcome": "delivered"}) == 2
 	})
+	_, raw := adminGet(t, srv.admin, tok, "/metrics")
+	for _, line := range strings.Split(string(raw), "\n") {
+		if line != "" && !strings.HasPrefix(line, "#") && !strings.HasPrefix(line, "pollgate_") {
+			t.Errorf("metric without the pollgate_ prefix: %s", line)
+		}
+		if strings.Contains(line, "job_ops") || strings.Contains(line, opID) || strings.Contains(line, "https://") {
+			t.Errorf("metric label holds a job id, operation id or URL: %s", line)
+		}
+	}
 	hash1 := readyHash(t, srv.admin)
 	if v := scrapeMetric(t, srv.admin, tok, "pollgate_contract_info", map[string]string{"hash": hash1}); v != 1 {
 		t.Errorf("contract_info{hash=%s} = %v", hash1, v)
