@@ -71,6 +71,9 @@ func New(cfg Config) http.Handler {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Contract == nil {
+		cfg.Contract = func() *rules.Contract { return nil }
+	}
 	s := &server{cfg: cfg, tokenHash: sha256.Sum256([]byte(cfg.Token))}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/operations", s.list)
