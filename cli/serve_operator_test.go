@@ -282,7 +282,39 @@ func TestOperatorSurfaceEndToEnd(t *testing.T) {
 	}
 
 	// Live reload: a valid edit changes the active version (/readyz and the
-	// metric) but not the existing operation's deadline or budget.
+	// metric) but not the existing operation's deadline or budget. An agent
+	// keeps polling meanwhile; every answer stays governed.
+	stopTraffic := make(chan struct{})
+	trafficDone := make(chan []string)
+	go func() {
+		var bad []string
+		n := 0
+		for {
+			select {
+			case <-stopTraffic:
+				if n == 0 {
+					bad = append(bad, "no traffic ran during the reloads")
+				}
+				trafficDone <- bad
+				return
+			default:
+			}
+			req, _ := http.NewRequest("GET", prov.URL+"/v1/jobs/job_bg", nil)
+			req.Header.Set("Authorization", "Bearer sk-bg")
+			resp, err := client.Do(req)
+			if err != nil {
+				bad = append(bad, err.Error())
+				continue
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			n++
+			if d := resp.Header.Get("Pollgate-Decision"); d == "" || resp.StatusCode >= 500 {
+				bad = append(bad, fmt.Sprintf("%d decision %q", resp.StatusCode, d))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	writeContract(9)
 	eventually(t, "the reload", func() bool { return readyHash(t, srv.admin) != hash1 })
 	hash2 := readyHash(t, srv.admin)
@@ -311,6 +343,10 @@ func TestOperatorSurfaceEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(srv.stderr.String(), "contract reload rejected") {
 		t.Errorf("rejection not logged:\n%s", srv.stderr.String())
+	}
+	close(stopTraffic)
+	if bad := <-trafficDone; len(bad) > 0 {
+		t.Errorf("traffic during the reloads: %v", bad)
 	}
 
 	// The audit export from the running server verifies offline.
