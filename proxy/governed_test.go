@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"crypto/x509"
 	"net/http"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"pollgate/audit"
 	"pollgate/rules"
 )
 
@@ -374,5 +376,35 @@ func TestResubmissionBlocked(t *testing.T) {
 	// A different body is a different request.
 	if g := h.do("POST", "/v1/jobs", `{"input":"other"}`, nil); g.code != 202 {
 		t.Fatalf("different submission: %d", g.code)
+	}
+}
+
+// R20, R24: a person may allow one resubmission; it is used once.
+func TestResubmissionAllowedOnce(t *testing.T) {
+	h := newHarness(t, harnessOpts{tls: true})
+	body := `{"input":"again"}`
+	if g := h.do("POST", "/v1/jobs", body, nil); g.code != 202 {
+		t.Fatalf("first submit: %d", g.code)
+	}
+	first := h.op("job_1")
+	_, err := h.bolt.Update(context.Background(), first.ID, h.clock.Now(), func(op *rules.Operation) (audit.Entry, error) {
+		op.ResubmissionAllowed = true
+		return audit.Entry{Event: "resubmission_allowed", Actor: "test", Story: "allowed one resubmission"}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := h.do("POST", "/v1/jobs", body, nil); g.code != 202 {
+		t.Fatalf("allowed resubmission: %d %s", g.code, g.body)
+	}
+	if h.op("job_1").ResubmissionAllowed {
+		t.Fatal("the allowance was not used up")
+	}
+	// job_2 now waits with the same fingerprint: a third copy is blocked.
+	if g := h.do("POST", "/v1/jobs", body, nil); g.code != http.StatusConflict {
+		t.Fatalf("third submit: %d %s", g.code, g.body)
+	}
+	if n := h.prov.submits.Load(); n != 2 {
+		t.Fatalf("provider saw %d submissions, want 2", n)
 	}
 }

@@ -65,7 +65,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	if err != nil {
 		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the submission: "+err.Error())
 	}
-	if up.StatusCode < 200 || up.StatusCode > 299 {
+	if up.StatusCode < 200 || up.StatusCode > 299 || isStream(up.Header) {
 		stripHopResponse(up)
 		h := up.Header
 		h.Set(HeaderDecision, DecisionForwarded)
