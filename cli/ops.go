@@ -237,7 +237,7 @@ func printOperation(w io.Writer, sr admin.ShowResponse) {
 	if sr.Message != "" {
 		fmt.Fprintf(w, "\nmessage:\n%s\n", wrap(sr.Message, "  ", 100))
 	}
-	if op.Escalation != nil && len(op.Escalation.Options) > 0 && op.Phase == rules.PhaseEscalated {
+	if op.Escalation != nil && len(op.Escalation.Options) > 0 && (op.Phase == rules.PhaseEscalated || op.Phase == rules.PhaseStopped) {
 		fmt.Fprintln(w, "\noptions:")
 		hasClose := false
 		for _, o := range op.Escalation.Options {
