@@ -221,3 +221,19 @@ func TestStatusClass(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkObserver measures the cost the proxy pays per governed answer
+// (one Governed, one Upstream, two Ledger calls).
+//
+//	go test -run '^$' -bench Observer ./metrics
+func BenchmarkObserver(b *testing.B) {
+	m := New(Options{})
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Governed("acme", rules.KindStatus, "forwarded")
+			m.Upstream("acme", 200, 20*time.Millisecond)
+			m.Ledger("reserve", 100*time.Microsecond, nil)
+			m.Ledger("complete", 100*time.Microsecond, nil)
+		}
+	})
+}
