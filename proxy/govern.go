@@ -47,7 +47,21 @@ func (p *Proxy) roundTrip(req *http.Request, _ *goproxy.ProxyCtx) (resp *http.Re
 	req.Header.Del(HeaderOperation) // ours, never forwarded
 	c := p.cfg.Contract()
 	m, ok := c.Match(req.Method, matchURL(req.URL))
-	if !ok {
+	if !ok || (m.Kind == rules.KindResult && m.JobID == "") {
+		// A result URL taken from a success body ("GET {results_url}",
+		// "GET /v1/files/{output_file_id}/content") is known only from
+		// the operation that succeeded.
+		if key, found := p.results.lookup(req.URL); found && req.Method == http.MethodGet {
+			if prov := c.ProviderByName(key.Provider); prov != nil {
+				cl := &call{req: req, c: c, m: rules.Match{Provider: prov, Kind: rules.KindResult, JobID: key.JobID}, prov: prov,
+					log: p.log.With("provider", prov.Name, "kind", string(rules.KindResult))}
+				resp = p.resultFor(cl, key)
+				if d := resp.Header.Get(HeaderDecision); d != "" {
+					p.obs.Governed(prov.Name, rules.KindResult, d)
+				}
+				return resp, nil
+			}
+		}
 		return p.passThrough(req), nil
 	}
 	cl := &call{req: req, c: c, m: m, prov: m.Provider,
@@ -227,6 +241,7 @@ func (p *Proxy) status(cl *call) *http.Response {
 	}
 	switch res.Outcome {
 	case ledger.Terminal:
+		p.indexResult(prov, res.Op, cl.m.Params)
 		return p.replay(req, prov, res.Op)
 	case ledger.TooEarly, ledger.Busy:
 		if res.Outcome == ledger.TooEarly {
@@ -361,6 +376,7 @@ func (p *Proxy) poll(cl *call, res ledger.Reservation) *http.Response {
 		return p.ledgerDown(cl, "complete", cerr)
 	}
 	p.gate.remember(res.Key, committed)
+	p.indexResult(prov, committed, cl.m.Params)
 	if d.Action == rules.ActEscalate {
 		p.obs.Escalated(committed.Clone())
 		cl.log.Info("operation escalated", "op", committed.ID, "reason", d.Reason, "story", d.Story)

@@ -408,3 +408,27 @@ func TestResubmissionAllowedOnce(t *testing.T) {
 		t.Fatalf("provider saw %d submissions, want 2", n)
 	}
 }
+
+// R23: a result URL taken from the success body ("GET {result_url}") holds
+// no job id; the proxy ties it to the operation that succeeded and records
+// the call as an action.
+func TestResultURLFromSuccessBody(t *testing.T) {
+	h := newHarness(t, harnessOpts{tls: true, edit: func(c string) string {
+		return strings.Replace(c, "request: GET /v1/jobs/{job_id}/result", "request: GET {result_url}", 1)
+	}})
+	h.prov.script("job_u", answer{code: 200, body: `{"state":"succeeded","result_url":"` + h.base + `/files/job_u.json"}`})
+	if g := h.poll("job_u"); g.json["state"] != "succeeded" {
+		t.Fatalf("poll: %s", g.body)
+	}
+	g := h.do("GET", "/files/job_u.json?download=1", "", nil)
+	if g.code != 200 || g.h.Get(HeaderDecision) != DecisionForwarded || g.h.Get(HeaderOperation) == "" {
+		t.Fatalf("result call: %d %v %s", g.code, g.h, g.body)
+	}
+	if acts := h.op("job_u").Actions; len(acts) != 1 || acts[0].Kind != rules.KindResult {
+		t.Fatalf("actions = %+v", acts)
+	}
+	// Another file on the same host is not a governed call.
+	if g := h.do("GET", "/files/other.json", "", nil); g.code != 200 || g.h.Get(HeaderDecision) != "" {
+		t.Fatalf("unrelated file: %d %q", g.code, g.h.Get(HeaderDecision))
+	}
+}

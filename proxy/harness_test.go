@@ -159,6 +159,12 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"job_id":%q,"output":"the result"}`, parts[2])
+	case r.Method == "GET" && len(parts) == 2 && parts[0] == "files":
+		f.mu.Lock()
+		f.actions = append(f.actions, "file "+parts[1])
+		f.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"file":%q}`, parts[1])
 	case r.Method == "POST" && len(parts) == 4 && parts[3] == "cancel":
 		f.mu.Lock()
 		f.actions = append(f.actions, "cancel "+parts[2])
@@ -260,6 +266,7 @@ type harnessOpts struct {
 	store    func(ledger.Store) ledger.Store // wraps the bbolt store (fault injection)
 	observer Observer
 	maxBody  int64
+	edit     func(contract string) string // changes the test contract text
 }
 
 // harness is a fake provider, a bbolt ledger, the proxy on 127.0.0.1:0 and
@@ -289,7 +296,11 @@ func newHarness(t *testing.T, o harnessOpts) *harness {
 	h := &harness{t: t, clock: newClock()}
 	h.prov = newFakeProvider(t, o.tls)
 	h.base = h.prov.srv.URL
-	c, err := rules.Parse("providers.yaml", []byte(fmt.Sprintf(testContract, o.deadline, o.budget, h.base)))
+	text := fmt.Sprintf(testContract, o.deadline, o.budget, h.base)
+	if o.edit != nil {
+		text = o.edit(text)
+	}
+	c, err := rules.Parse("providers.yaml", []byte(text))
 	if err != nil {
 		t.Fatalf("test contract: %v", err)
 	}

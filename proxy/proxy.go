@@ -80,14 +80,15 @@ const DefaultMaxBody = 1 << 20
 
 // Proxy is the governed forward proxy. Create it with New.
 type Proxy struct {
-	cfg   Config
-	gp    *goproxy.ProxyHttpServer
-	tr    *http.Transport
-	rnd   *lockedRand
-	log   *slog.Logger
-	obs   Observer
-	hosts atomic.Pointer[hostSet]
-	gate  *earlyGate
+	cfg     Config
+	gp      *goproxy.ProxyHttpServer
+	tr      *http.Transport
+	rnd     *lockedRand
+	log     *slog.Logger
+	obs     Observer
+	hosts   atomic.Pointer[hostSet]
+	gate    *earlyGate
+	results *resultIndex
 }
 
 // hostSet caches the MITM host set of one contract.
@@ -151,6 +152,7 @@ func New(cfg Config) (*Proxy, error) {
 		addMany = p.addEarly
 	}
 	p.gate = newEarlyGate(256, p.countEarly, addMany)
+	p.results = newResultIndex()
 	p.gp = p.build()
 	return p, nil
 }

@@ -173,12 +173,15 @@ func (p *Proxy) ping() error {
 func (p *Proxy) result(cl *call) *http.Response {
 	req, prov := cl.req, cl.prov
 	if cl.m.JobID == "" {
-		// Result templates without the job id (e.g. a file id from the
-		// success body) cannot be tied to a record: forwarded untouched.
-		return p.passThrough(req)
+		return p.passThrough(req) // not seen succeed here: cannot be tied to a record
 	}
 	account := rules.AccountFingerprint(p.cfg.AccountKey, req.Header.Get(accountHeader(prov)))
-	key := ledger.Key{Provider: prov.Name, Account: account, JobID: cl.m.JobID}
+	return p.resultFor(cl, ledger.Key{Provider: prov.Name, Account: account, JobID: cl.m.JobID})
+}
+
+// resultFor governs a result call for the operation with key.
+func (p *Proxy) resultFor(cl *call, key ledger.Key) *http.Response {
+	req, prov := cl.req, cl.prov
 	op, err := step(p, "get", func(ctx context.Context) (*rules.Operation, error) {
 		return p.cfg.Store.Get(ctx, key)
 	})
