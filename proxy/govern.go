@@ -131,13 +131,22 @@ func (p *Proxy) send(prov string, req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// errText describes a transport error without the request URL, whose
+// query may hold a key (?key=...) that must not reach the ledger or logs.
+func errText(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Op + ": " + ue.Err.Error()
+	}
+	return err.Error()
+}
+
 // passThrough forwards a request on a contract host that no template
 // governs (or that cannot be governed), streaming the answer.
 func (p *Proxy) passThrough(req *http.Request) *http.Response {
-	prov := ""
-	resp, err := p.send(prov, upstreamRequest(req))
+	resp, err := p.send("", upstreamRequest(req))
 	if err != nil {
-		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer: "+err.Error())
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer: "+errText(err))
 	}
 	stripHopResponse(resp)
 	return resp
@@ -349,7 +358,7 @@ func (p *Proxy) poll(cl *call, res ledger.Reservation) *http.Response {
 		body, err = readBody(up, p.cfg.MaxBody)
 	}
 	if err != nil {
-		d = rules.OnTransportError(prov, res.Op, err.Error(), now, p.rnd)
+		d = rules.OnTransportError(prov, res.Op, errText(err), now, p.rnd)
 	} else {
 		d = rules.OnResponse(prov, res.Op, rules.Response{
 			StatusCode:   upResp.StatusCode,

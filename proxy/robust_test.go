@@ -388,3 +388,15 @@ func TestEarlyPollsCoalesced(t *testing.T) {
 		t.Fatalf("status requests %d, want 1", op.Used.StatusRequests)
 	}
 }
+
+// A transport error kept in the ledger never carries the request URL (its
+// query may hold an API key).
+func TestErrTextDropsURL(t *testing.T) {
+	_, err := http.Get("http://127.0.0.1:1/v1/jobs/x?key=AIzaSECRET")
+	if err == nil {
+		t.Skip("port 1 answered")
+	}
+	if s := errText(err); strings.Contains(s, "AIzaSECRET") || strings.Contains(s, "/v1/jobs") {
+		t.Fatalf("errText kept the URL: %q", s)
+	}
+}

@@ -26,7 +26,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	if req.Body != nil && req.Body != http.NoBody {
 		b, large, rest, err := peekBody(req.Body, p.cfg.MaxBody)
 		if err != nil {
-			return errorResponse(req, http.StatusBadRequest, "bad_request", "failed to read the request body: "+err.Error())
+			return errorResponse(req, http.StatusBadRequest, "bad_request", "failed to read the request body: "+errText(err))
 		}
 		req.Body = rest
 		if large {
@@ -63,7 +63,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 
 	up, err := p.send(prov.Name, upstreamRequest(req))
 	if err != nil {
-		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the submission: "+err.Error())
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the submission: "+errText(err))
 	}
 	if up.StatusCode < 200 || up.StatusCode > 299 || isStream(up.Header) {
 		stripHopResponse(up)
@@ -73,7 +73,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	}
 	peek, large, rest, err := peekBody(up.Body, p.cfg.MaxBody)
 	if err != nil {
-		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "failed to read the provider's submission answer: "+err.Error())
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "failed to read the provider's submission answer: "+errText(err))
 	}
 	up.Body = rest
 	stripHopResponse(up)
@@ -206,13 +206,13 @@ func (p *Proxy) resultFor(cl *call, key ledger.Key) *http.Response {
 	now := p.cfg.Now()
 	rec := rules.ActionRecord{Kind: rules.KindResult, At: now}
 	if err != nil {
-		rec.Error = err.Error()
+		rec.Error = errText(err)
 	} else {
 		rec.HTTPStatus = up.StatusCode
 	}
 	p.recordAction(cl, op, rec, nil, now)
 	if err != nil {
-		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the result call: "+err.Error())
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the result call: "+errText(err))
 	}
 	stripHopResponse(up)
 	setGoverned(up.Header, op, DecisionForwarded)
@@ -240,9 +240,9 @@ func (p *Proxy) cancel(cl *call) *http.Response {
 	now := p.cfg.Now()
 	if err != nil {
 		if op != nil {
-			p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, Error: err.Error()}, nil, now)
+			p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, Error: errText(err)}, nil, now)
 		}
-		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the cancel call: "+err.Error())
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "the provider did not answer the cancel call: "+errText(err))
 	}
 	stripHopResponse(up)
 	if op == nil {
@@ -251,8 +251,8 @@ func (p *Proxy) cancel(cl *call) *http.Response {
 	}
 	body, err := readBody(up, p.cfg.MaxBody)
 	if err != nil {
-		p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, Error: err.Error()}, nil, now)
-		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "failed to read the provider's cancel answer: "+err.Error())
+		p.recordAction(cl, op, rules.ActionRecord{Kind: rules.KindCancel, At: now, Error: errText(err)}, nil, now)
+		return errorResponse(req, http.StatusBadGateway, "upstream_unreachable", "failed to read the provider's cancel answer: "+errText(err))
 	}
 	var confirmed *rules.Response
 	if up.StatusCode >= 200 && up.StatusCode <= 299 && body.Body != nil {
