@@ -238,6 +238,9 @@ var e2eSummaryRE = regexp.MustCompile(`proxy on (\S+), admin on (\S+),`)
 func e2eStartServe(t *testing.T, bin, config, data, upstreamCA string, extraEnv ...string) *e2eServer {
 	t.Helper()
 	cmd := exec.Command(bin, "serve", "--config", config, "--data", data, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--upstream-ca", upstreamCA)
+	if u := e2eRedisURL; u != "" {
+		cmd.Args = append(cmd.Args, "--redis", u)
+	}
 	cmd.Env = append(e2eBaseEnv(), extraEnv...)
 	pr, pw := io.Pipe()
 	s := &e2eServer{cmd: cmd, stderr: &e2eBuffer{}, done: make(chan error, 1)}
@@ -328,7 +331,9 @@ func setupE2E(t *testing.T, deadline string, budget int) *e2eSetup {
 	}
 	data := filepath.Join(dir, "data")
 	s := &e2eSetup{bin: bin, config: config, data: data, prov: prov}
-	s.srv = e2eStartServe(t, bin, config, data, prov.CAFile)
+	// A proxy started from an agent's shell inherits its proxy variables:
+	// pollgate must ignore them (no self-loop, CRAFT.md). These point nowhere.
+	s.srv = e2eStartServe(t, bin, config, data, prov.CAFile, "HTTPS_PROXY=http://127.0.0.1:9", "HTTP_PROXY=http://127.0.0.1:9", "https_proxy=http://127.0.0.1:9")
 	return s
 }
 
@@ -610,6 +615,54 @@ func TestRestartKeepsCounters(t *testing.T) {
 	}
 	if after.Used.StatusRequests != 3 {
 		t.Fatalf("used = %d, want 3", after.Used.StatusRequests)
+	}
+}
+
+// e2eRedisURL, when set, makes e2eStartServe use the Redis ledger.
+var e2eRedisURL string
+
+// The same governed flow on the Redis ledger (a real redis-server in CI).
+func TestServeWithRedis(t *testing.T) {
+	u := os.Getenv("POLLGATE_TEST_REDIS_URL")
+	if u == "" {
+		e2eStrictSkip(t, "POLLGATE_TEST_REDIS_URL not set (CI starts a redis-server)")
+	}
+	e2eRedisURL = u
+	defer func() { e2eRedisURL = "" }()
+	s := setupE2E(t, "30s", 2)
+	rz, err := http.Get("http://" + s.srv.admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready map[string]any
+	json.NewDecoder(rz.Body).Decode(&ready)
+	rz.Body.Close()
+	if ready["ledger"] != "redis" || ready["ready"] != true {
+		t.Fatalf("/readyz on Redis: %v", ready)
+	}
+	c := e2eClient(t, s.data, s.srv.listen)
+	jobURL := s.prov.URL + "/v1/jobs/job_redis"
+	resp, _ := e2eGetJob(t, c, jobURL)
+	if resp.StatusCode != 200 || resp.Header.Get("Pollgate-Decision") != "forwarded" {
+		t.Fatalf("first poll: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp, body := e2eGetJob(t, c, jobURL)
+	if resp.StatusCode != 429 || body["error"] != "too_early" {
+		t.Fatalf("early poll: %d %v", resp.StatusCode, body)
+	}
+	var last map[string]any
+	for i := 0; i < 50; i++ {
+		time.Sleep(200 * time.Millisecond)
+		resp, last = e2eGetJob(t, c, jobURL)
+		if resp.Header.Get("Pollgate-Decision") == "escalated" {
+			break
+		}
+	}
+	if pg, _ := last["pollgate"].(map[string]any); last["state"] != "failed" || pg["reason"] != "request_budget_exhausted" {
+		t.Fatalf("no escalation on Redis: %v", last)
+	}
+	if n := s.prov.pollCount("job_redis"); n != 2 {
+		t.Fatalf("provider saw %d polls, budget 2", n)
 	}
 }
 
