@@ -36,6 +36,7 @@ type earlyGate struct {
 	addMany   func(ep earlyPoll)
 
 	queue   chan earlyPoll
+	stopped bool // queue closed (under mu)
 	count   func(earlyPoll)
 	pending sync.WaitGroup // early polls not yet counted
 }
@@ -149,8 +150,8 @@ func (g *earlyGate) check(key ledger.Key, now time.Time) (op *rules.Operation, w
 // queue has room.
 func (g *earlyGate) record(ep earlyPoll) {
 	g.pending.Add(1)
+	g.mu.Lock()
 	if g.addMany != nil {
-		g.mu.Lock()
 		if pc := g.coalesced[ep.key]; pc != nil {
 			pc.n++ // a worker will count it with the others
 			g.mu.Unlock()
@@ -159,13 +160,31 @@ func (g *earlyGate) record(ep earlyPoll) {
 		ep.n = 1
 		pc := ep // the map's copy; ep itself goes on the queue
 		g.coalesced[ep.key] = &pc
-		g.mu.Unlock()
 	}
-	select {
-	case g.queue <- ep:
-	default:
-		g.flush(ep) // queue full: count on the request path (back-pressure)
+	queued := false
+	if !g.stopped {
+		select {
+		case g.queue <- ep:
+			queued = true
+		default:
+		}
 	}
+	g.mu.Unlock()
+	if !queued {
+		g.flush(ep) // queue full or stopped: count on the request path
+	}
+}
+
+// stop ends the workers once every queued early poll is counted; later
+// early polls are counted on the request path.
+func (g *earlyGate) stop() {
+	g.mu.Lock()
+	if !g.stopped {
+		g.stopped = true
+		close(g.queue)
+	}
+	g.mu.Unlock()
+	g.pending.Wait()
 }
 
 // drain waits until every early poll answered so far is counted.

@@ -170,7 +170,7 @@ func (p *Proxy) WrapListener(ln net.Listener) net.Listener {
 // ledger and releases idle upstream connections. Call it after the HTTP
 // server has shut down and before the ledger is closed.
 func (p *Proxy) Close() {
-	p.gate.drain()
+	p.gate.stop()
 	p.tr.CloseIdleConnections()
 }
 
