@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -72,6 +73,9 @@ type RedisStore struct {
 	retention time.Duration
 	key       []byte
 	log       *slog.Logger
+
+	mu       sync.Mutex
+	suspects map[string]bool // registry entries without a record at the last Sweep
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -733,9 +737,19 @@ func (s *RedisStore) Export(ctx context.Context, w io.Writer) error {
 
 // Sweep removes terminal operations whose last update is older than
 // now-retention (Redis expiry normally does this first; Sweep also covers a
-// changed retention) and prunes index entries of vanished operations.
+// changed retention) and prunes registry entries of vanished operations. An
+// entry is pruned only when its operation was missing in the previous Sweep
+// too, so an operation being created (index written, record not yet) is
+// never dropped from the registry.
 func (s *RedisStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 	cutoff := micros(now.Add(-s.retention))
+	if err := sweepScript.Load(ctx, s.c).Err(); err != nil {
+		return 0, unavailable("sweep ledger", err)
+	}
+	s.mu.Lock()
+	previous := s.suspects
+	s.mu.Unlock()
+	suspects := map[string]bool{}
 	removed := 0
 	after := ""
 	for {
@@ -743,19 +757,29 @@ func (s *RedisStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 		if err != nil {
 			return removed, err
 		}
+		swept := make([]*redis.Cmd, len(hs))
+		exists := make([]*redis.IntCmd, len(hs))
+		_, err = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, h := range hs {
+				swept[i] = p.EvalSha(ctx, sweepScript.Hash(), []string{s.opHash(h), s.auditList(h)}, cutoff)
+				exists[i] = p.Exists(ctx, s.opHash(h))
+			}
+			return nil
+		})
+		if err != nil {
+			return removed, unavailable("sweep ledger", err)
+		}
 		var gone []any
-		for _, h := range hs {
-			n, err := sweepScript.Run(ctx, s.c, []string{s.opHash(h), s.auditList(h)}, cutoff).Int()
-			if err != nil {
-				return removed, unavailable("sweep ledger", err)
-			}
-			removed += n
-			if n == 1 {
+		for i, h := range hs {
+			if n, _ := swept[i].Int(); n == 1 {
+				removed++
 				gone = append(gone, h)
-				continue
-			}
-			if ex, err := s.c.Exists(ctx, s.opHash(h)).Result(); err == nil && ex == 0 {
-				gone = append(gone, h)
+			} else if exists[i].Val() == 0 {
+				if previous[h] {
+					gone = append(gone, h)
+				} else {
+					suspects[h] = true
+				}
 			}
 		}
 		if len(gone) > 0 {
@@ -764,10 +788,14 @@ func (s *RedisStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 			}
 		}
 		if len(hs) < scanBatch {
-			return removed, nil
+			break
 		}
 		after = hs[len(hs)-1]
 	}
+	s.mu.Lock()
+	s.suspects = suspects
+	s.mu.Unlock()
+	return removed, nil
 }
 
 // RunSweeper calls Sweep every interval until ctx ends.

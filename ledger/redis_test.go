@@ -451,3 +451,85 @@ func (h sameSlotHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		return next(ctx, cmds)
 	}
 }
+
+// lostReply runs a command, then reports the connection as broken: the
+// write happened but the caller never learns its result.
+type lostReply struct{ on atomic.Bool }
+
+func (h *lostReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lostReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.on.Load() {
+			cmd.SetErr(io.ErrUnexpectedEOF)
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+}
+func (h *lostReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Fault injection "fail after persisting": a Reserve whose reply is lost
+// returns ErrUnavailable, and the reservation stays counted (R9: an unused
+// reservation is better than an invisible extra request); the next
+// Reserve after the lease sees it.
+func TestRedisLostReplyAfterReserve(t *testing.T) {
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	var h lostReply
+	c.AddHook(&h)
+	s := ledger.NewRedisStore(c, ledger.RedisOptions{})
+	defer s.Close()
+	ctx := context.Background()
+	k := ledger.KeyOf(mustCreate(t, s, newOp("op_l", "job_l")))
+	mustReserve(t, s, ledger.Key{Provider: "acme", JobID: "none"}, t0, ledger.NotFound) // loads the script
+	h.on.Store(true)
+	if _, err := s.Reserve(ctx, k, "w", 30*time.Second, t0.Add(time.Second)); !errors.Is(err, ledger.ErrUnavailable) {
+		t.Fatalf("Reserve with a lost reply: %v, want ErrUnavailable", err)
+	}
+	h.on.Store(false)
+	mustReserve(t, s, k, t0.Add(2*time.Second), ledger.Busy)
+	r := mustReserve(t, s, k, t0.Add(32*time.Second), ledger.Reserved)
+	if r.Op.Used.StatusRequests != 2 || r.Fence != 2 {
+		t.Fatalf("after a lost reply: used %d fence %d, want 2 and 2", r.Op.Used.StatusRequests, r.Fence)
+	}
+}
+
+// Sweep prunes a registry entry only when its record was missing twice, so
+// a Create between its index and record steps is never dropped.
+func TestRedisSweepPrunesRegistry(t *testing.T) {
+	m := miniredis.RunT(t)
+	s := ledger.NewRedisStore(redis.NewClient(&redis.Options{Addr: m.Addr()}), ledger.RedisOptions{Prefix: "pg"})
+	defer s.Close()
+	ctx := context.Background()
+	mustCreate(t, s, newOp("op_1", "job_1"))
+	mustCreate(t, s, newOp("op_2", "job_2"))
+	var gone string
+	for _, k := range m.Keys() {
+		if strings.HasSuffix(k, ":op") {
+			gone = k
+			break
+		}
+	}
+	m.Del(gone) // as if expired
+	count := func() int {
+		n, err := m.ZMembers("pg:{idx}:ops")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(n)
+	}
+	for i, want := range []int{2, 1, 1} {
+		if _, err := s.Sweep(ctx, t0); err != nil {
+			t.Fatal(err)
+		}
+		if got := count(); got != want {
+			t.Fatalf("after sweep %d: %d registry entries, want %d", i+1, got, want)
+		}
+	}
+	if p, err := s.List(ctx, ledger.Filter{}); err != nil || len(p.Operations) != 1 {
+		t.Fatalf("List: %d, %v", len(p.Operations), err)
+	}
+}
