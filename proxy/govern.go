@@ -235,10 +235,7 @@ func (p *Proxy) status(cl *call) *http.Response {
 		op.StatusURL = req.URL.String()
 		e := entry(op, "created", nil, now)
 		e.Story = createdStory(op)
-		if _, err := step(p, "create", func(ctx context.Context) (created, error) {
-			o, n, err := p.cfg.Store.Create(ctx, op, e)
-			return created{o, n}, err
-		}); err != nil {
+		if _, err := p.create(cl, op, e); err != nil {
 			return p.ledgerDown(cl, "create", err)
 		}
 		if res, err = p.reserve(key, prov, now); err != nil {
@@ -269,6 +266,25 @@ func (p *Proxy) status(cl *call) *http.Response {
 type created struct {
 	op  *rules.Operation
 	new bool
+}
+
+// create stores a new record. When the agent's Pollgate-Operation id
+// already names another job, the record gets a generated id instead.
+func (p *Proxy) create(cl *call, op *rules.Operation, e audit.Entry) (created, error) {
+	do := func() (created, error) {
+		return step(p, "create", func(ctx context.Context) (created, error) {
+			o, n, err := p.cfg.Store.Create(ctx, op, e)
+			return created{o, n}, err
+		})
+	}
+	cr, err := do()
+	if errors.Is(err, ledger.ErrConflict) {
+		cl.log.Warn("operation id from Pollgate-Operation names another job; using a generated id", "id", op.ID)
+		op.ID = "op_" + randomHex(10)
+		e.OperationID = op.ID
+		cr, err = do()
+	}
+	return cr, err
 }
 
 func accountHeader(p *rules.Provider) string {

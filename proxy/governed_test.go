@@ -432,3 +432,22 @@ func TestResultURLFromSuccessBody(t *testing.T) {
 		t.Fatalf("unrelated file: %d %q", g.code, g.h.Get(HeaderDecision))
 	}
 }
+
+// An agent-chosen operation id that already names another job does not
+// break the second job: it gets a generated id.
+func TestDuplicateAgentOperationID(t *testing.T) {
+	h := newHarness(t, harnessOpts{tls: true})
+	hdr := map[string]string{"Pollgate-Operation": "my-op"}
+	if g := h.do("GET", "/v1/jobs/job_a", "", hdr); g.code != 200 || g.h.Get(HeaderOperation) != "my-op" {
+		t.Fatalf("first job: %d %q", g.code, g.h.Get(HeaderOperation))
+	}
+	g := h.do("GET", "/v1/jobs/job_b", "", hdr)
+	if g.code != 200 || g.h.Get(HeaderOperation) == "my-op" || g.h.Get(HeaderOperation) == "" {
+		t.Fatalf("second job: %d %q %s", g.code, g.h.Get(HeaderOperation), g.body)
+	}
+	// An invalid id is ignored.
+	g = h.do("GET", "/v1/jobs/job_c", "", map[string]string{"Pollgate-Operation": "bad id/../x"})
+	if g.code != 200 || !strings.HasPrefix(g.h.Get(HeaderOperation), "op_") {
+		t.Fatalf("invalid id: %d %q", g.code, g.h.Get(HeaderOperation))
+	}
+}

@@ -95,10 +95,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	e := entry(op, "created", nil, now)
 	e.Decision = "submitted"
 	e.Story = createdStory(op)
-	cr, err := step(p, "create", func(ctx context.Context) (created, error) {
-		o, n, err := p.cfg.Store.Create(ctx, op, e)
-		return created{o, n}, err
-	})
+	cr, err := p.create(cl, op, e)
 	if err != nil {
 		// The job exists at the provider; the agent must learn its id.
 		cl.log.Error("submission forwarded but its record could not be created; it will be created on the first status call",
