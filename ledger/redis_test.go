@@ -59,13 +59,42 @@ func realRedisURL(t testing.TB) string {
 
 func openRealRedis(t *testing.T, cfg storeConfig) ledger.Store {
 	t.Helper()
-	s, err := ledger.OpenRedis(context.Background(), realRedisURL(t),
-		ledger.RedisOptions{Retention: cfg.Retention, AuditKey: cfg.AuditKey, Prefix: uniquePrefix()})
+	url, prefix := realRedisURL(t), uniquePrefix()
+	s, err := ledger.OpenRedis(context.Background(), url,
+		ledger.RedisOptions{Retention: cfg.Retention, AuditKey: cfg.AuditKey, Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() {
+		s.Close()
+		dropPrefix(t, url, prefix)
+	})
 	return s
+}
+
+// dropPrefix deletes a test's keys from a shared server.
+func dropPrefix(t testing.TB, url, prefix string) {
+	o, err := redis.ParseURL(url)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	ctx := context.Background()
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	for len(keys) > 0 {
+		n := min(len(keys), 500)
+		if err := c.Del(ctx, keys[:n]...).Err(); err != nil {
+			t.Errorf("failed to clean up test keys: %v", err)
+			return
+		}
+		keys = keys[n:]
+	}
 }
 
 func TestRedisConformance(t *testing.T) {
@@ -123,16 +152,19 @@ func TestRedisRoundTripsPerStatusCall(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			var c *redis.Client
+			prefix := uniquePrefix()
 			if real {
-				o, err := redis.ParseURL(realRedisURL(t))
+				url := realRedisURL(t)
+				o, err := redis.ParseURL(url)
 				if err != nil {
 					t.Fatal(err)
 				}
 				c = redis.NewClient(o)
+				t.Cleanup(func() { dropPrefix(t, url, prefix) })
 			} else {
 				c = redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
 			}
-			s := ledger.NewRedisStore(c, ledger.RedisOptions{Prefix: uniquePrefix()})
+			s := ledger.NewRedisStore(c, ledger.RedisOptions{Prefix: prefix})
 			defer s.Close()
 			ctx := context.Background()
 			op := newOp("op_rt", "job_rt")
@@ -340,11 +372,12 @@ func TestRedisCrashBetweenReserveAndComplete(t *testing.T) {
 // else miniredis.
 func benchRedisStore(b *testing.B) ledger.Store {
 	if url := os.Getenv("POLLGATE_TEST_REDIS_URL"); url != "" {
-		s, err := ledger.OpenRedis(context.Background(), url, ledger.RedisOptions{Prefix: uniquePrefix()})
+		prefix := uniquePrefix()
+		s, err := ledger.OpenRedis(context.Background(), url, ledger.RedisOptions{Prefix: prefix})
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { s.Close() })
+		b.Cleanup(func() { s.Close(); dropPrefix(b, url, prefix) })
 		return s
 	}
 	m := miniredis.NewMiniRedis()
