@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,5 +137,24 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 	}
 	if _, err := serveParseFlags(Env{Args: []string{"--max-body", "lots"}, Getenv: func(string) string { return "" }, Stderr: &bytes.Buffer{}}); err == nil {
 		t.Fatal("bad --max-body accepted")
+	}
+}
+
+func TestServeRefuser(t *testing.T) {
+	listen, _ := net.ResolveTCPAddr("tcp", "0.0.0.0:8080")
+	admin, _ := net.ResolveTCPAddr("tcp", "127.0.0.1:8081")
+	refuse := serveRefuser(listen, admin)
+	for hp, want := range map[string]bool{
+		"127.0.0.1:8080":           true, // the proxy itself (listening on all addresses)
+		"localhost:8081":           true, // the admin listener
+		"127.0.0.1:8081":           true,
+		"169.254.169.254:80":       true, // cloud metadata
+		"api.openai.com:443":       false,
+		"127.0.0.1:9000":           false,
+		"metadata.google.internal": true,
+	} {
+		if got := refuse(hp); got != want {
+			t.Errorf("refuse(%q) = %v, want %v", hp, got, want)
+		}
 	}
 }
