@@ -3,12 +3,14 @@ package cli
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"pollgate/ca"
 )
@@ -156,5 +158,39 @@ func TestServeRefuser(t *testing.T) {
 		if got := refuse(hp); got != want {
 			t.Errorf("refuse(%q) = %v, want %v", hp, got, want)
 		}
+	}
+}
+
+// Without --config and without ./providers.yaml, serve runs on the
+// embedded default contract when main provides one.
+func TestServeEmbeddedContract(t *testing.T) {
+	if _, err := os.Stat("providers.yaml"); err == nil {
+		t.Skip("a providers.yaml exists in the test directory")
+	}
+	shipped, err := os.ReadFile("../providers.yaml")
+	if err != nil {
+		t.Skipf("no shipped contract: %v", err)
+	}
+	old := EmbeddedContract
+	EmbeddedContract = shipped
+	defer func() { EmbeddedContract = old }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &e2eBuffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data", t.TempDir()},
+			Env{Stdout: io.Discard, Stderr: stderr, Getenv: func(string) string { return "" }})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(stderr.String(), "pollgate: proxy on") && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("serve exited %d:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "embedded default contract") {
+		t.Fatalf("embedded contract not used:\n%s", stderr.String())
 	}
 }

@@ -56,9 +56,15 @@ Examples:
   POLLGATE_REDIS_URL=redis://10.0.0.5:6379/0 pollgate serve --listen 0.0.0.0:8080
 `
 
+// EmbeddedContract, when set (main can embed the shipped providers.yaml),
+// is the contract serve uses when neither --config nor POLLGATE_CONFIG is
+// given and ./providers.yaml does not exist. Live reload is off then.
+var EmbeddedContract []byte
+
 // serveConfig is the resolved configuration of one serve run.
 type serveConfig struct {
 	config, listen, admin, data, redis, upstreamCA, auditKey string
+	configGiven                                              bool
 	maxBody                                                  int64
 }
 
@@ -90,6 +96,7 @@ func serveParseFlags(env Env) (*serveConfig, error) {
 	if fs.NArg() > 0 {
 		return nil, Usage("serve takes no arguments, got %q (hint: pollgate serve -h)", fs.Arg(0))
 	}
+	c.configGiven = c.config != "" || env.Getenv("POLLGATE_CONFIG") != ""
 	c.config = ContractPath(c.config, env.Getenv)
 	c.listen = serveFlagOrEnv(c.listen, env.Getenv, "POLLGATE_LISTEN", "127.0.0.1:8080")
 	c.admin = serveFlagOrEnv(c.admin, env.Getenv, "POLLGATE_ADMIN", "127.0.0.1:8081")
@@ -228,8 +235,14 @@ func runServe(ctx context.Context, env Env) error {
 	log := serveLogger(env.Stderr)
 	now := time.Now
 
-	contract, err := serveLoadContract(cfg.config, env.Stderr)
-	if err != nil {
+	var contract *rules.Contract
+	if _, statErr := os.Stat(cfg.config); !cfg.configGiven && errors.Is(statErr, os.ErrNotExist) && EmbeddedContract != nil {
+		if contract, err = rules.Parse("providers.yaml (embedded)", EmbeddedContract); err != nil {
+			return fmt.Errorf("embedded contract: %w", err)
+		}
+		log.Info("no ./providers.yaml: using the embedded default contract (pass --config to use your own; live reload is off)")
+		cfg.config = ""
+	} else if contract, err = serveLoadContract(cfg.config, env.Stderr); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(cfg.data, 0o700); err != nil {
