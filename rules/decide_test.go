@@ -516,13 +516,19 @@ func TestExtend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.Phase != PhaseWaiting || o.Escalation != nil || o.DeadlineAt != now.Add(15*time.Minute) || o.Budget.StatusRequests != 16 ||
+	if o.Phase != PhaseWaiting || o.Escalation != nil || o.DeadlineAt != esc.DeadlineAt.Add(15*time.Minute) || o.Budget.StatusRequests != 16 ||
 		!o.NextPollAt.Equal(now) || o.DelaySource != DelayManualExtension || len(o.Extensions) != 1 || o.Extensions[0].By != "ann" ||
 		o.Extensions[0].NewDeadline != o.DeadlineAt || o.Terminal != nil {
 		t.Fatalf("extended record: %+v", o)
 	}
 	if esc.Phase != PhaseEscalated {
 		t.Fatal("Extend mutated its input")
+	}
+	// R24: an extension never shortens the time left; after the deadline has
+	// passed it counts from now.
+	late := esc.DeadlineAt.Add(5 * time.Minute)
+	if o2, err := Extend(p, esc, ExtendRequest{Duration: 15 * time.Minute, StatusRequests: 4}, late); err != nil || !o2.DeadlineAt.Equal(late.Add(15*time.Minute)) {
+		t.Fatalf("extension after the deadline: %v %+v", err, o2)
 	}
 	// The extended operation polls again, and the next escalation counts the extension.
 	if bd := BeforeSend(p, o, now); bd.Action != ActSend {

@@ -152,7 +152,7 @@ var ErrExtensionRefused = errors.New("extension refused")
 // Extend applies an approved extension (R24) to an escalated operation whose
 // escalation offered "extend", within that option's bounds and while
 // extensions remain; never for authorization_denied. The result has a new
-// deadline (now + duration), the status-request budget raised by the
+// deadline (the later of the old deadline and now, plus duration), the status-request budget raised by the
 // requested count, room for at least one more transport failure and 429,
 // phase waiting, no escalation, and a next poll allowed now.
 func Extend(p *Provider, op *Operation, req ExtendRequest, now time.Time) (*Operation, error) {
@@ -194,7 +194,13 @@ func Extend(p *Provider, op *Operation, req ExtendRequest, now time.Time) (*Oper
 		return refuse("%d status requests exceed the offered %d", req.StatusRequests, offer.StatusRequests)
 	}
 	o := op.Clone()
-	o.DeadlineAt = now.Add(req.Duration)
+	// "Extend by 15m" moves the deadline 15 minutes past the later of the
+	// old deadline and now: an extension never shortens the time left.
+	base := op.DeadlineAt
+	if base.Before(now) {
+		base = now
+	}
+	o.DeadlineAt = base.Add(req.Duration)
 	o.Budget.StatusRequests += req.StatusRequests
 	if o.Budget.StatusRequests < o.Used.StatusRequests+req.StatusRequests {
 		o.Budget.StatusRequests = o.Used.StatusRequests + req.StatusRequests
