@@ -159,6 +159,18 @@ func (f *fakeProvider) serve(w http.ResponseWriter, r *http.Request) {
 		f.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"job_id":%q,"output":"the result"}`, parts[2])
+	case r.URL.Path == "/echo":
+		var seen []string
+		for _, k := range []string{"Connection", "X-Custom", "Keep-Alive", "Proxy-Authorization", "Pollgate-Operation", "Te", "X-Keep"} {
+			if r.Header.Get(k) != "" {
+				seen = append(seen, k)
+			}
+		}
+		w.Header().Set("Connection", "X-Hop")
+		w.Header().Set("X-Hop", "1")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("X-End", "kept")
+		fmt.Fprintf(w, "%q", seen)
 	case r.Method == "GET" && len(parts) == 2 && parts[0] == "files":
 		f.mu.Lock()
 		f.actions = append(f.actions, "file "+parts[1])

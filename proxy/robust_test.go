@@ -400,3 +400,22 @@ func TestErrTextDropsURL(t *testing.T) {
 		t.Fatalf("errText kept the URL: %q", s)
 	}
 }
+
+// Hop-by-hop headers (and headers named in Connection) are not forwarded in
+// either direction; pollgate's own request header never reaches the provider.
+func TestHopByHopStripped(t *testing.T) {
+	h := newHarness(t, harnessOpts{tls: true})
+	g := h.do("GET", "/echo", "", map[string]string{
+		"Connection": "X-Custom", "X-Custom": "v", "Keep-Alive": "300", "Te": "trailers",
+		"Pollgate-Operation": "op-x", "X-Keep": "yes",
+	})
+	if g.code != 200 {
+		t.Fatalf("echo: %d", g.code)
+	}
+	if string(g.body) != `["X-Keep"]` {
+		t.Fatalf("provider saw %s, want only X-Keep", g.body)
+	}
+	if g.h.Get("X-Hop") != "" || g.h.Get("Keep-Alive") != "" || g.h.Get("X-End") != "kept" {
+		t.Fatalf("response headers: %v", g.h)
+	}
+}
