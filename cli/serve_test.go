@@ -57,8 +57,9 @@ func e2ePollgateBinary(t *testing.T) string {
 		t.Skip("builds and runs the pollgate binary; skipped in -short mode")
 	}
 	e2eBuildOnce.Do(func() {
-		e2eBuildDir, e2eBuildErr = os.MkdirTemp("", "pollgate-e2e-")
-		if e2eBuildErr != nil {
+		// One fixed directory, rebuilt by every test run (no temp dirs left behind).
+		e2eBuildDir = filepath.Join(os.TempDir(), "pollgate-e2e-bin")
+		if e2eBuildErr = os.MkdirAll(e2eBuildDir, 0o755); e2eBuildErr != nil {
 			return
 		}
 		cmd := exec.Command("go", "build", "-o", filepath.Join(e2eBuildDir, "pollgate"), ".")
