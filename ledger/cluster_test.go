@@ -82,3 +82,23 @@ func TestRedisClusterConformance(t *testing.T) {
 		return s
 	})
 }
+
+// OpenRedis takes a redis+cluster:// URL.
+func TestOpenRedisClusterURL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster; skipped with -short")
+	}
+	addrs := startRedisCluster(t)
+	url := "redis+cluster://" + addrs[0] + "?addr=" + addrs[1] + "&addr=" + addrs[2]
+	s, err := ledger.OpenRedis(context.Background(), url, ledger.RedisOptions{Prefix: uniquePrefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	k := ledger.KeyOf(mustCreate(t, s, newOp("op_1", "job_1")))
+	mustReserve(t, s, k, t0.Add(time.Second), ledger.Reserved)
+	if _, err := ledger.OpenRedis(context.Background(), "redis+cluster://:pw@x?bogus=1", ledger.RedisOptions{}); err == nil ||
+		!strings.Contains(err.Error(), "invalid Redis Cluster URL") || strings.Contains(err.Error(), "pw") {
+		t.Fatalf("bad cluster URL: %v", err)
+	}
+}

@@ -105,9 +105,14 @@ func NewRedisStore(c redis.UniversalClient, opts RedisOptions) *RedisStore {
 		log: opts.Logger.With("ledger", "redis")}
 }
 
-// OpenRedis connects to url (redis://[:password@]host:port/db or rediss://),
-// checks that the server answers, warns about unsafe settings and loads the
-// scripts.
+// OpenRedis connects to url, checks that the server answers, warns about
+// unsafe settings and loads the scripts. url is
+//
+//	redis://[:password@]host:port/db            one server (rediss:// for TLS)
+//	redis+cluster://[:password@]host:port?addr=host2:port&addr=host3:port
+//	                                            Redis Cluster (seed nodes; rediss+cluster:// for TLS)
+//
+// Errors never contain the URL (it may carry a password).
 func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*RedisStore, error) {
 	if opts.AuditKey != nil && len(opts.AuditKey) != audit.KeySize {
 		return nil, fmt.Errorf("failed to open ledger: audit key has %d bytes, want %d", len(opts.AuditKey), audit.KeySize)
@@ -115,15 +120,26 @@ func OpenRedis(ctx context.Context, url string, opts RedisOptions) (*RedisStore,
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("failed to open ledger: key prefix %q must not contain '{' or '}'", opts.Prefix)
 	}
-	o, err := redis.ParseURL(url)
-	if err != nil {
-		// Never echo the URL: it may carry a password.
-		return nil, errors.New("failed to open ledger: invalid Redis URL (hint: redis://[:password@]host:port/db or rediss://...)")
+	const hint = "hint: redis://[:password@]host:port/db, rediss://..., or redis+cluster://host:port?addr=host2:port"
+	var c redis.UniversalClient
+	var where string
+	if scheme, rest, ok := strings.Cut(url, "+cluster://"); ok && (scheme == "redis" || scheme == "rediss") {
+		o, err := redis.ParseClusterURL(scheme + "://" + rest)
+		if err != nil {
+			return nil, errors.New("failed to open ledger: invalid Redis Cluster URL (" + hint + ")")
+		}
+		c, where = redis.NewClusterClient(o), "cluster "+strings.Join(o.Addrs, ",")
+	} else {
+		o, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, errors.New("failed to open ledger: invalid Redis URL (" + hint + ")")
+		}
+		c, where = redis.NewClient(o), o.Addr
 	}
-	s := NewRedisStore(redis.NewClient(o), opts)
+	s := NewRedisStore(c, opts)
 	if err := s.Ping(ctx); err != nil {
 		s.c.Close()
-		return nil, fmt.Errorf("failed to open ledger at %s: %w", o.Addr, err)
+		return nil, fmt.Errorf("failed to open ledger at %s: %w", where, err)
 	}
 	s.CheckConfig(ctx)
 	for _, sc := range []*redis.Script{reserveScript, completeScript, escalateScript, updateScript, createScript, indexScript, sweepScript, exportScript} {
