@@ -215,3 +215,12 @@ func sha256Hex(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+// A line of an unknown type opens no chain that could lack its head at
+// line 0: every problem names a real line.
+func TestVerifyUnknownTypeLine(t *testing.T) {
+	rep := verifyLines(t, []string{`{"type":"foo","operation_id":"x"}`})
+	if rep.FirstBad == nil || rep.FirstBad.Line != 1 {
+		t.Fatalf("got %+v, want a problem on line 1", rep.FirstBad)
+	}
+}

@@ -114,7 +114,7 @@ func verifyLine(line int, raw []byte, rep *Report, chains map[string]*chainState
 	}
 	st := chains[l.OperationID]
 	if st == nil {
-		st = &chainState{next: 1, prev: ZeroHash}
+		st = &chainState{next: 1, prev: ZeroHash, lastLine: line}
 		chains[l.OperationID] = st
 		*order = append(*order, l.OperationID)
 	}
