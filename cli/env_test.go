@@ -121,24 +121,29 @@ func TestCAInitNameConstraints(t *testing.T) {
 func TestServeFlagsFromEnvironment(t *testing.T) {
 	cfg, err := serveParseFlags(Env{Args: []string{"--listen", "127.0.0.1:1"}, Getenv: func(k string) string {
 		return map[string]string{"POLLGATE_LISTEN": "0.0.0.0:2", "POLLGATE_ADMIN": "127.0.0.1:3", "POLLGATE_DATA": "/d",
-			"POLLGATE_REDIS_URL": "redis://r:6379/0", "POLLGATE_UPSTREAM_CA": "/ca.pem", "POLLGATE_CONFIG": "/p.yaml", "POLLGATE_MAX_BODY": "2MiB"}[k]
+			"POLLGATE_REDIS_URL": "redis://r:6379/0", "POLLGATE_UPSTREAM_CA": "/ca.pem", "POLLGATE_CONFIG": "/p.yaml", "POLLGATE_MAX_BODY": "2MiB", "POLLGATE_RETENTION": "24h"}[k]
 	}, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.listen != "127.0.0.1:1" || cfg.admin != "127.0.0.1:3" || cfg.data != "/d" || cfg.redis != "redis://r:6379/0" ||
-		cfg.upstreamCA != "/ca.pem" || cfg.config != "/p.yaml" || cfg.maxBody != 2<<20 {
+		cfg.upstreamCA != "/ca.pem" || cfg.config != "/p.yaml" || cfg.maxBody != 2<<20 || cfg.retention != 24*time.Hour {
 		t.Fatalf("flags over env: %+v", cfg)
 	}
 	def, err := serveParseFlags(Env{Getenv: func(string) string { return "" }, Stderr: &bytes.Buffer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if def.listen != "127.0.0.1:8080" || def.admin != "127.0.0.1:8081" || def.data != "./pollgate-data" || def.maxBody != 1<<20 || def.config != "providers.yaml" {
+	if def.listen != "127.0.0.1:8080" || def.admin != "127.0.0.1:8081" || def.data != "./pollgate-data" || def.maxBody != 1<<20 || def.config != "providers.yaml" || def.retention != 7*24*time.Hour {
 		t.Fatalf("defaults: %+v", def)
 	}
 	if _, err := serveParseFlags(Env{Args: []string{"--max-body", "lots"}, Getenv: func(string) string { return "" }, Stderr: &bytes.Buffer{}}); err == nil {
 		t.Fatal("bad --max-body accepted")
+	}
+	for _, bad := range []string{"forever", "0s", "-1h"} {
+		if _, err := serveParseFlags(Env{Args: []string{"--retention", bad}, Getenv: func(string) string { return "" }, Stderr: &bytes.Buffer{}}); err == nil {
+			t.Fatalf("bad --retention %q accepted", bad)
+		}
 	}
 }
 

@@ -48,6 +48,7 @@ Flags (each also from the environment variable in brackets):
   --upstream-ca FILE  extra PEM roots for providers' TLS [POLLGATE_UPSTREAM_CA]
   --max-body SIZE     largest body read for classification, e.g. 1MiB [POLLGATE_MAX_BODY] (default 1MiB)
   --audit-key FILE    encrypt audit entries with this AES-256 key [POLLGATE_AUDIT_KEY]
+  --retention DUR     keep finished operations and their audit chains this long [POLLGATE_RETENTION] (default 168h)
 The admin token is read from POLLGATE_ADMIN_TOKEN, else from DIR/admin.token.
 
 Examples:
@@ -66,6 +67,7 @@ type serveConfig struct {
 	config, listen, admin, data, redis, upstreamCA, auditKey string
 	configGiven                                              bool
 	maxBody                                                  int64
+	retention                                                time.Duration
 }
 
 // Files serve keeps in the data directory besides the CA and the ledger.
@@ -87,6 +89,7 @@ func serveParseFlags(env Env) (*serveConfig, error) {
 	fs.StringVar(&c.upstreamCA, "upstream-ca", "", "")
 	fs.StringVar(&c.auditKey, "audit-key", "", "")
 	maxBody := fs.String("max-body", "", "")
+	retention := fs.String("retention", "", "")
 	if err := fs.Parse(env.Args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, flag.ErrHelp
@@ -110,6 +113,12 @@ func serveParseFlags(env Env) (*serveConfig, error) {
 		return nil, Usage("bad --max-body %q: %v (hint: a byte count such as 1048576, 512KiB or 2MiB)", mb, err)
 	}
 	c.maxBody = n
+	ret := serveFlagOrEnv(*retention, env.Getenv, "POLLGATE_RETENTION", "168h")
+	d, err := time.ParseDuration(ret)
+	if err != nil || d <= 0 {
+		return nil, Usage("bad --retention %q: want a positive duration (hint: 168h keeps finished operations for 7 days)", ret)
+	}
+	c.retention = d
 	return c, nil
 }
 
@@ -288,13 +297,14 @@ func runServe(ctx context.Context, env Env) error {
 	var store ledger.Store
 	backend := "bbolt"
 	if cfg.redis != "" {
-		rs, err := ledger.OpenRedis(ctx, cfg.redis, ledger.RedisOptions{Logger: log, AuditKey: auditKey})
+		rs, err := ledger.OpenRedis(ctx, cfg.redis, ledger.RedisOptions{Logger: log, AuditKey: auditKey, Retention: cfg.retention})
 		if err != nil {
 			return fmt.Errorf("failed to open the Redis ledger: %w", err)
 		}
 		store, backend = rs, "redis"
+		go rs.RunSweeper(ctx, time.Hour, now)
 	} else {
-		bs, err := ledger.OpenBolt(cfg.data, ledger.BoltOptions{Logger: log, AuditKey: auditKey})
+		bs, err := ledger.OpenBolt(cfg.data, ledger.BoltOptions{Logger: log, AuditKey: auditKey, Retention: cfg.retention})
 		if err != nil {
 			return err
 		}
