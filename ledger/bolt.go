@@ -769,3 +769,23 @@ func runSweeper(ctx context.Context, st Store, log *slog.Logger, every time.Dura
 		}
 	}
 }
+
+// AddEarlyPolls counts n early polls of one operation in one step.
+func (s *BoltStore) AddEarlyPolls(ctx context.Context, key Key, n int, now time.Time) error {
+	if n <= 0 {
+		return nil
+	}
+	return s.run(ctx, "add_early_polls", func(tx *bolt.Tx) error {
+		op, err := loadByKey(tx, key)
+		if err != nil {
+			return err
+		}
+		op.Used.EarlyPolls += n
+		if now.After(op.UpdatedAt) {
+			op.UpdatedAt = now
+		}
+		return putOp(tx, op)
+	})
+}
+
+var _ EarlyPollCounter = (*BoltStore)(nil)

@@ -252,6 +252,31 @@ func runConformance(t *testing.T, open opener) {
 		mustReserve(t, s, k, t0.Add(5*time.Second), ledger.Terminal)
 	})
 
+	t.Run("AddEarlyPollsCoalesces", func(t *testing.T) {
+		s := open(t, plain)
+		c, ok := s.(ledger.EarlyPollCounter)
+		if !ok {
+			t.Fatal("store does not implement ledger.EarlyPollCounter")
+		}
+		k := ledger.KeyOf(mustCreate(t, s, newOp("op_e", "job_e")))
+		mustReserve(t, s, k, t0.Add(time.Second), ledger.Reserved)
+		mustReserve(t, s, k, t0.Add(time.Second), ledger.Busy) // counts one early poll
+		if err := c.AddEarlyPolls(ctx, k, 5, t0.Add(2*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AddEarlyPolls(ctx, k, 0, t0.Add(2*time.Second)); err != nil {
+			t.Fatalf("adding zero: %v", err)
+		}
+		stored, _ := s.Get(ctx, k)
+		// One counted by Reserve, five coalesced; no extra request, no audit entry (R9).
+		if stored.Used.EarlyPolls != 6 || stored.Used.StatusRequests != 1 || stored.AuditCount != 1 || stored.Lease.Fence != 1 {
+			t.Fatalf("after AddEarlyPolls: used %+v audit %d", stored.Used, stored.AuditCount)
+		}
+		if err := c.AddEarlyPolls(ctx, ledger.Key{Provider: "acme", Account: "x", JobID: "nope"}, 1, t0); !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatalf("unknown key: %v, want ErrNotFound", err)
+		}
+	})
+
 	t.Run("FenceLostAfterLeaseExpiry", func(t *testing.T) {
 		s := open(t, plain)
 		k := ledger.KeyOf(mustCreate(t, s, newOp("op_f", "job_f")))

@@ -178,3 +178,12 @@ type Store interface {
 	Ping(ctx context.Context) error
 	Close() error
 }
+
+// EarlyPollCounter is implemented by both backends: it counts n early polls
+// of one operation (answered 429 by pollgate without a reservation) in one
+// atomic step, as Reserve counts a single one: no audit entry, the count
+// shows in the next entry. It lets the proxy coalesce a tight-looping
+// agent's early polls into one ledger step. ErrNotFound if the key is unknown.
+type EarlyPollCounter interface {
+	AddEarlyPolls(ctx context.Context, key Key, n int, now time.Time) error
+}

@@ -66,6 +66,21 @@ table.insert(r, 1, outcome)
 return r
 `)
 
+// addEarlyScript counts several early polls of one operation at once.
+//
+//	KEYS[1] operation hash
+//	ARGV[1] n  ARGV[2] now (unix us)  ARGV[3] now (text)
+//
+// Returns {"not_found"} or {"ok", early}.
+var addEarlyScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'not_found'} end
+local early = redis.call('HINCRBY', KEYS[1], 'early', tonumber(ARGV[1]))
+if tonumber(redis.call('HGET', KEYS[1], 'updus') or '0') < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'upd', ARGV[3], 'updus', ARGV[2])
+end
+return {'ok', tostring(early)}
+`)
+
 // luaCheckAudit is shared by the writing scripts: it checks the audit
 // position the entry was sealed against (ARGV[1] count, ARGV[2] head) and,
 // if another step appended meanwhile, returns {"moved", HGETALL...}.

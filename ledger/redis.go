@@ -818,3 +818,20 @@ func (s *RedisStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 func (s *RedisStore) RunSweeper(ctx context.Context, every time.Duration, now func() time.Time) {
 	runSweeper(ctx, s, s.log, every, now)
 }
+
+// AddEarlyPolls counts n early polls of one operation in one script call.
+func (s *RedisStore) AddEarlyPolls(ctx context.Context, key Key, n int, now time.Time) error {
+	if n <= 0 {
+		return nil
+	}
+	v, err := addEarlyScript.Run(ctx, s.c, []string{s.opHash(opKeyOf(key))}, n, micros(now), text(now)).Slice()
+	if err != nil {
+		return unavailable("add_early_polls", err)
+	}
+	if status(v) == "not_found" {
+		return fmt.Errorf("add early polls for job %s of %s: %w", key.JobID, key.Provider, ErrNotFound)
+	}
+	return nil
+}
+
+var _ EarlyPollCounter = (*RedisStore)(nil)

@@ -41,14 +41,11 @@ type earlyGate struct {
 	pending sync.WaitGroup // early polls not yet counted
 }
 
-// EarlyPollCounter is an optional extension of ledger.Store: count n early
-// polls of one operation in one atomic step, without an audit entry (as
-// Reserve does for a single early poll). When the store implements it, the
-// early polls of one job answered from memory are coalesced into one step;
-// otherwise each is counted by its own Reserve.
-type EarlyPollCounter interface {
-	AddEarlyPolls(ctx context.Context, key ledger.Key, n int, now time.Time) error
-}
+// EarlyPollCounter is the ledger's optional step that counts n early polls
+// of one operation at once. When the store implements it (both shipped
+// backends do), the early polls of one job answered from memory are
+// coalesced into one step; otherwise each is counted by its own Reserve.
+type EarlyPollCounter = ledger.EarlyPollCounter
 
 type gateEntry struct {
 	notBefore time.Time
