@@ -51,6 +51,12 @@ var (
 	bucketIDs   = []byte("ids")   // operation id -> encoded Key
 	bucketSubs  = []byte("subs")  // provider\0account\0request fingerprint -> newest operation id
 	bucketAudit = []byte("audit") // operation id -> bucket{ seq (8 bytes BE) -> Envelope JSON }
+	// bucketEarly holds early polls added by AddEarlyPolls: encoded Key ->
+	// count (8 bytes BE). A record's Used.EarlyPolls is its JSON value plus
+	// this count; putOp stores the total minus this count, so the pair stays
+	// consistent whoever writes. It keeps a tight-looping agent's early polls
+	// to an 8-byte write instead of a record re-encode.
+	bucketEarly = []byte("early")
 )
 
 // BoltStore is the embedded ledger: one bbolt file in a data directory,
@@ -126,7 +132,7 @@ func OpenBolt(dir string, opts BoltOptions) (*BoltStore, error) {
 		return nil, unavailable("open ledger in "+dir, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketOps, bucketIDs, bucketSubs, bucketAudit} {
+		for _, b := range [][]byte{bucketOps, bucketIDs, bucketSubs, bucketAudit, bucketEarly} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -308,11 +314,29 @@ func wf(err error) error {
 }
 
 func loadByKey(tx *bolt.Tx, k Key) (*rules.Operation, error) {
-	b := tx.Bucket(bucketOps).Get(encodeKey(k))
+	ek := encodeKey(k)
+	b := tx.Bucket(bucketOps).Get(ek)
 	if b == nil {
 		return nil, ErrNotFound
 	}
-	return decodeOp(b)
+	return readOp(tx, ek, b)
+}
+
+// readOp decodes a stored record and adds its pending early polls.
+func readOp(tx *bolt.Tx, encKey, v []byte) (*rules.Operation, error) {
+	op, err := decodeOp(v)
+	if err != nil {
+		return nil, err
+	}
+	op.Used.EarlyPolls += pendingEarly(tx, encKey)
+	return op, nil
+}
+
+func pendingEarly(tx *bolt.Tx, encKey []byte) int {
+	if v := tx.Bucket(bucketEarly).Get(encKey); len(v) == 8 {
+		return int(binary.BigEndian.Uint64(v))
+	}
+	return 0
 }
 
 func loadByID(tx *bolt.Tx, id string) (*rules.Operation, error) {
@@ -324,15 +348,21 @@ func loadByID(tx *bolt.Tx, id string) (*rules.Operation, error) {
 	if b == nil {
 		return nil, ErrNotFound
 	}
-	return decodeOp(b)
+	return readOp(tx, k, b)
 }
 
+// putOp stores op, whose Used.EarlyPolls is the total (as loaded in this
+// transaction, plus anything counted since); the pending early-poll count
+// kept beside it is subtracted so the next load adds it back exactly once.
 func putOp(tx *bolt.Tx, op *rules.Operation) error {
-	b, err := json.Marshal(op)
+	ek := encodeKey(KeyOf(op))
+	rec := *op
+	rec.Used.EarlyPolls = max(0, op.Used.EarlyPolls-pendingEarly(tx, ek))
+	b, err := json.Marshal(&rec)
 	if err != nil {
 		return wf(fmt.Errorf("failed to encode operation record: %w", err))
 	}
-	return wf(tx.Bucket(bucketOps).Put(encodeKey(KeyOf(op)), b))
+	return wf(tx.Bucket(bucketOps).Put(ek, b))
 }
 
 func putEnvelope(tx *bolt.Tx, env audit.Envelope) error {
@@ -586,7 +616,7 @@ func (s *BoltStore) List(ctx context.Context, f Filter) (Page, error) {
 			if f.Provider != "" && !bytes.HasPrefix(k, []byte(f.Provider+"\x00")) {
 				continue
 			}
-			op, err := decodeOp(v)
+			op, err := readOp(tx, k, v)
 			if err != nil {
 				return err
 			}
@@ -715,6 +745,9 @@ func (s *BoltStore) Sweep(ctx context.Context, now time.Time) (int, error) {
 				if err := tx.Bucket(bucketOps).Delete(encodeKey(KeyOf(op))); err != nil {
 					return wf(err)
 				}
+				if err := tx.Bucket(bucketEarly).Delete(encodeKey(KeyOf(op))); err != nil {
+					return wf(err)
+				}
 				if err := tx.Bucket(bucketIDs).Delete([]byte(op.ID)); err != nil {
 					return wf(err)
 				}
@@ -770,21 +803,20 @@ func runSweeper(ctx context.Context, st Store, log *slog.Logger, every time.Dura
 	}
 }
 
-// AddEarlyPolls counts n early polls of one operation in one step.
+// AddEarlyPolls counts n early polls of one operation in one step: an
+// 8-byte counter beside the record (see bucketEarly), no record re-encode.
 func (s *BoltStore) AddEarlyPolls(ctx context.Context, key Key, n int, now time.Time) error {
 	if n <= 0 {
 		return nil
 	}
 	return s.run(ctx, "add_early_polls", func(tx *bolt.Tx) error {
-		op, err := loadByKey(tx, key)
-		if err != nil {
-			return err
+		ek := encodeKey(key)
+		if tx.Bucket(bucketOps).Get(ek) == nil {
+			return fmt.Errorf("add early polls for job %s of %s: %w", key.JobID, key.Provider, ErrNotFound)
 		}
-		op.Used.EarlyPolls += n
-		if now.After(op.UpdatedAt) {
-			op.UpdatedAt = now
-		}
-		return putOp(tx, op)
+		var v [8]byte
+		binary.BigEndian.PutUint64(v[:], uint64(pendingEarly(tx, ek)+n))
+		return wf(tx.Bucket(bucketEarly).Put(ek, v[:]))
 	})
 }
 

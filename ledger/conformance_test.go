@@ -272,6 +272,31 @@ func runConformance(t *testing.T, open opener) {
 		if stored.Used.EarlyPolls != 6 || stored.Used.StatusRequests != 1 || stored.AuditCount != 1 || stored.Lease.Fence != 1 {
 			t.Fatalf("after AddEarlyPolls: used %+v audit %d", stored.Used, stored.AuditCount)
 		}
+		// Complete with a stale view keeps every early poll; later ones add on top.
+		mustReserve(t, s, k, t0.Add(3*time.Second), ledger.Busy)
+		stored, _ = s.Get(ctx, k)
+		res := ledger.Reservation{Outcome: ledger.Reserved, Key: k, Fence: stored.Lease.Fence, Op: stored}
+		done := stored.Clone()
+		done.Used.EarlyPolls = 0
+		done.Used.Polls = 1
+		done.NextPollAt = t0.Add(time.Minute)
+		if _, err := s.Complete(ctx, res, done, entry("polled", t0.Add(4*time.Second))); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.AddEarlyPolls(ctx, k, 2, t0.Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		mustReserve(t, s, k, t0.Add(6*time.Second), ledger.TooEarly)
+		stored, _ = s.Get(ctx, k)
+		page, err := s.List(ctx, ledger.Filter{Provider: "acme"})
+		if err != nil || len(page.Operations) != 1 {
+			t.Fatalf("List: %v %d", err, len(page.Operations))
+		}
+		for _, op := range []*rules.Operation{stored, page.Operations[0]} {
+			if op.Used.EarlyPolls != 10 || op.Used.StatusRequests != 1 || op.Used.Polls != 1 {
+				t.Fatalf("early polls lost or doubled: used %+v, want 10 early polls (1+5+1+2+1)", op.Used)
+			}
+		}
 		if err := c.AddEarlyPolls(ctx, ledger.Key{Provider: "acme", Account: "x", JobID: "nope"}, 1, t0); !errors.Is(err, ledger.ErrNotFound) {
 			t.Fatalf("unknown key: %v, want ErrNotFound", err)
 		}
