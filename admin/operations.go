@@ -241,7 +241,7 @@ func (s *server) extend(w http.ResponseWriter, r *http.Request) {
 		}
 		*op = *n
 		story := fmt.Sprintf("extended by %s by %s with %d more status requests (%s), new deadline %s, budget %d, next poll allowed now",
-			shortDuration(d), by, req.StatusRequests, reason, n.DeadlineAt.UTC().Format("15:04:05"), n.Budget.StatusRequests)
+			rules.ShortDuration(d), by, req.StatusRequests, reason, n.DeadlineAt.UTC().Format("15:04:05"), n.Budget.StatusRequests)
 		if req.Note != "" {
 			story += ": " + oneLine(req.Note, 200)
 		}
@@ -386,18 +386,6 @@ func oneLine(s string, n int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > n {
 		s = s[:n] + "..."
-	}
-	return s
-}
-
-// shortDuration prints 15m instead of 15m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
 }

@@ -172,11 +172,11 @@ func OnResponse(p *Provider, op *Operation, resp Response, now time.Time, rnd Ra
 		// integration failure.
 		if age := now.Sub(o.StartedAt); age < p.Policy.NotFoundGrace {
 			o.Used.NotFound++
-			d := Decision{Action: ActWait, Note: fmt.Sprintf("404 %s after the start, inside the not-found grace of %s (R15)", shortDuration(age.Round(time.Millisecond)), shortDuration(p.Policy.NotFoundGrace))}
+			d := Decision{Action: ActWait, Note: fmt.Sprintf("404 %s after the start, inside the not-found grace of %s (R15)", ShortDuration(age.Round(time.Millisecond)), ShortDuration(p.Policy.NotFoundGrace))}
 			return e.keepWaiting(d, now.Add(BackoffDelay(p.Policy.Backoff, o.Used.Polls, rnd)), DelayLocalBackoff, heard+" inside the not-found grace")
 		}
 		return e.stop(Decision{}, ReasonJobNotFound, PhaseEscalated,
-			fmt.Sprintf("the provider does not know job %s %s after the start (not-found grace %s)", o.JobID, shortDuration(now.Sub(o.StartedAt).Round(time.Second)), shortDuration(p.Policy.NotFoundGrace)), heard)
+			fmt.Sprintf("the provider does not know job %s %s after the start (not-found grace %s)", o.JobID, ShortDuration(now.Sub(o.StartedAt).Round(time.Second)), ShortDuration(p.Policy.NotFoundGrace)), heard)
 
 	case code < 200 || code > 299:
 		return e.stop(Decision{}, ReasonInvalidResponse, PhaseEscalated,
@@ -703,7 +703,7 @@ func EscalationOptions(p *Provider, o *Operation, reason Reason) []Option {
 			Duration:       ext.Duration,
 			DurationText:   ext.Duration.String(),
 			StatusRequests: ext.StatusRequests,
-			Description:    fmt.Sprintf("extend %s by %s with %d more status requests", times, shortDuration(ext.Duration), ext.StatusRequests),
+			Description:    fmt.Sprintf("extend %s by %s with %d more status requests", times, ShortDuration(ext.Duration), ext.StatusRequests),
 		})
 	}
 	if p.Cancel != nil && !providerTerminal[reason] {
@@ -724,7 +724,7 @@ func escalationMessage(p *Provider, o *Operation, reason Reason, why string, now
 	var b strings.Builder
 	fmt.Fprintf(&b, "operation %s (provider %s, job %s) stopped: %s: %s. ", o.ID, p.Name, orNone(o.JobID), reason, why)
 	fmt.Fprintf(&b, "last state %s; elapsed %s since %s UTC; status requests used %d of %d; ",
-		orNone(clip(o.LastState, 64)), shortDuration(now.Sub(o.StartedAt).Round(time.Second)), clock(o.StartedAt), o.Used.StatusRequests, o.Budget.StatusRequests)
+		orNone(clip(o.LastState, 64)), ShortDuration(now.Sub(o.StartedAt).Round(time.Second)), clock(o.StartedAt), o.Used.StatusRequests, o.Budget.StatusRequests)
 	switch {
 	case o.LastHTTP != 0:
 		fmt.Fprintf(&b, "last HTTP result %d at %s UTC", o.LastHTTP, clock(o.LastHTTPAt))

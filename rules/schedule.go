@@ -134,8 +134,9 @@ func clip(s string, n int) string {
 // clock formats a time for story lines and messages.
 func clock(t time.Time) string { return t.UTC().Format("15:04:05") }
 
-// shortDuration prints 15m instead of 15m0s and 1h instead of 1h0m0s.
-func shortDuration(d time.Duration) string {
+// ShortDuration prints 15m instead of 15m0s and 1h instead of 1h0m0s, as
+// in escalation options and messages.
+func ShortDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
 		s = strings.TrimSuffix(s, "0s")

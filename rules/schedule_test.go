@@ -135,8 +135,8 @@ func TestBackoffBadRandomValues(t *testing.T) {
 
 func TestShortDuration(t *testing.T) {
 	for in, want := range map[time.Duration]string{15 * time.Minute: "15m", time.Hour: "1h", 90 * time.Second: "1m30s", 2*time.Hour + 5*time.Minute: "2h5m", 500 * time.Millisecond: "500ms"} {
-		if got := shortDuration(in); got != want {
-			t.Errorf("shortDuration(%v) = %q, want %q", in, got, want)
+		if got := ShortDuration(in); got != want {
+			t.Errorf("ShortDuration(%v) = %q, want %q", in, got, want)
 		}
 	}
 }
