@@ -39,7 +39,23 @@ type earlyGate struct {
 	stopped bool // queue closed (under mu)
 	count   func(earlyPoll)
 	pending sync.WaitGroup // early polls not yet counted
+
+	// With addMany, early polls are summed per job and written every
+	// flushEvery (or at once when too many jobs are pending): a job polled
+	// in a tight loop costs one small ledger step per interval, not one per
+	// poll. A crash loses at most one interval of early-poll counts (never a
+	// provider request: those are reserved before sending, R9).
+	flushEvery time.Duration
+	tick       *time.Ticker
+	tickDone   chan struct{}
 }
+
+// earlyFlushEvery is how long early polls of one job are summed before they
+// are written; maxCoalesced bounds the jobs summed in memory at once.
+const (
+	earlyFlushEvery = 100 * time.Millisecond
+	maxCoalesced    = 10_000
+)
 
 // EarlyPollCounter is the ledger's optional step that counts n early polls
 // of one operation at once. When the store implements it (both shipped
@@ -67,11 +83,12 @@ const maxGateEntries = 100_000
 // Reserve each), or, when addMany is set, with one coalesced step per job.
 func newEarlyGate(workers int, count func(earlyPoll), addMany func(earlyPoll)) *earlyGate {
 	g := &earlyGate{
-		entries:   make(map[ledger.Key]gateEntry),
-		coalesced: make(map[ledger.Key]*earlyPoll),
-		addMany:   addMany,
-		queue:     make(chan earlyPoll, 16384),
-		count:     count,
+		entries:    make(map[ledger.Key]gateEntry),
+		coalesced:  make(map[ledger.Key]*earlyPoll),
+		addMany:    addMany,
+		queue:      make(chan earlyPoll, 16384),
+		count:      count,
+		flushEvery: earlyFlushEvery,
 	}
 	for i := 0; i < workers; i++ {
 		go func() {
@@ -80,7 +97,48 @@ func newEarlyGate(workers int, count func(earlyPoll), addMany func(earlyPoll)) *
 			}
 		}()
 	}
+	if addMany != nil {
+		g.tick = time.NewTicker(g.flushEvery)
+		g.tickDone = make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-g.tick.C:
+					g.flushCoalesced()
+				case <-g.tickDone:
+					return
+				}
+			}
+		}()
+	}
 	return g
+}
+
+// flushCoalesced hands every job's summed early polls to the workers.
+func (g *earlyGate) flushCoalesced() {
+	g.mu.Lock()
+	if len(g.coalesced) == 0 || g.stopped {
+		g.mu.Unlock()
+		return
+	}
+	batch := g.coalesced
+	g.coalesced = make(map[ledger.Key]*earlyPoll, len(batch))
+	g.mu.Unlock()
+	for _, pc := range batch {
+		g.mu.Lock()
+		queued := false
+		if !g.stopped {
+			select {
+			case g.queue <- *pc:
+				queued = true
+			default:
+			}
+		}
+		g.mu.Unlock()
+		if !queued {
+			g.flush(*pc) // queue full or stopped: write it from here
+		}
+	}
 }
 
 // flush counts one queued item: a single early poll, or every early poll
@@ -91,15 +149,8 @@ func (g *earlyGate) flush(ep earlyPoll) {
 		g.pending.Done()
 		return
 	}
-	g.mu.Lock()
-	pc := g.coalesced[ep.key]
-	delete(g.coalesced, ep.key)
-	g.mu.Unlock()
-	if pc == nil {
-		return
-	}
-	g.addMany(*pc)
-	for i := 0; i < pc.n; i++ {
+	g.addMany(ep)
+	for i := 0; i < ep.n; i++ {
 		g.pending.Done()
 	}
 }
@@ -148,16 +199,22 @@ func (g *earlyGate) check(key ledger.Key, now time.Time) (op *rules.Operation, w
 func (g *earlyGate) record(ep earlyPoll) {
 	g.pending.Add(1)
 	g.mu.Lock()
-	if g.addMany != nil {
+	if g.addMany != nil && !g.stopped {
 		if pc := g.coalesced[ep.key]; pc != nil {
-			pc.n++ // a worker will count it with the others
+			pc.n++ // summed until the next flush
+			pc.at = ep.at
 			g.mu.Unlock()
 			return
 		}
-		ep.n = 1
-		pc := ep // the map's copy; ep itself goes on the queue
-		g.coalesced[ep.key] = &pc
+		if len(g.coalesced) < maxCoalesced {
+			ep.n = 1
+			g.coalesced[ep.key] = &ep
+			g.mu.Unlock()
+			return
+		}
+		// Too many jobs pending: this one is written on its own now.
 	}
+	ep.n = 1
 	queued := false
 	if !g.stopped {
 		select {
@@ -176,16 +233,34 @@ func (g *earlyGate) record(ep earlyPoll) {
 // early polls are counted on the request path.
 func (g *earlyGate) stop() {
 	g.mu.Lock()
-	if !g.stopped {
-		g.stopped = true
-		close(g.queue)
+	if g.stopped {
+		g.mu.Unlock()
+		g.pending.Wait()
+		return
 	}
+	g.stopped = true
+	batch := g.coalesced
+	g.coalesced = make(map[ledger.Key]*earlyPoll)
+	close(g.queue)
 	g.mu.Unlock()
+	if g.tick != nil {
+		g.tick.Stop()
+		close(g.tickDone)
+	}
+	for _, pc := range batch {
+		g.flush(*pc)
+	}
 	g.pending.Wait()
 }
 
-// drain waits until every early poll answered so far is counted.
-func (g *earlyGate) drain() { g.pending.Wait() }
+// drain waits until every early poll answered so far is counted (at most
+// one flush interval later).
+func (g *earlyGate) drain() {
+	if g.addMany != nil {
+		g.flushCoalesced()
+	}
+	g.pending.Wait()
+}
 
 // addEarly counts coalesced early polls with the store's EarlyPollCounter.
 func (p *Proxy) addEarly(ep earlyPoll) {
