@@ -354,6 +354,9 @@ func TestCloseAndAllowResubmission(t *testing.T) {
 	}
 }
 
+// R27: the report measures success - every job ends in a terminal result or a
+// bounded escalation, the share of early polls shows whether agents respect
+// the waiting instructions, and the time to a terminal result is reported.
 func TestReport(t *testing.T) {
 	f := newFixture(t)
 	w := f.seed.Waiting("acme")

@@ -541,7 +541,7 @@ func e2eReadOp(t *testing.T, data, job string) *rules.Operation {
 	return nil
 }
 
-// R11, R21: kill -9 the proxy while a poll is in flight, start it again on
+// R11, R21, R22: kill -9 the proxy while a poll is in flight, start it again on
 // the same data directory: the reserved request stays counted, the deadline
 // stays, and counting continues where it stopped.
 func TestRestartKeepsCounters(t *testing.T) {

@@ -141,7 +141,7 @@ func TestBoltCrashChild(t *testing.T) {
 	os.Exit(3)
 }
 
-// R11, R21: a process killed between Reserve and Complete leaves the
+// R11, R21, R22: a process killed between Reserve and Complete leaves the
 // counter incremented and the lease expiring; the budget is not reset.
 func TestBoltCrashBetweenReserveAndComplete(t *testing.T) {
 	dir := t.TempDir()
