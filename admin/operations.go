@@ -150,7 +150,7 @@ func StoryLine(e audit.Entry) string {
 	if e.Actor != "" && !strings.Contains(story, e.Actor) {
 		story += " (by " + e.Actor + ")"
 	}
-	return e.Time.UTC().Format("15:04:05") + " " + story
+	return rules.Clock(e.Time) + " " + story
 }
 
 func (s *server) storyLine(env audit.Envelope) string {
@@ -241,7 +241,7 @@ func (s *server) extend(w http.ResponseWriter, r *http.Request) {
 		}
 		*op = *n
 		story := fmt.Sprintf("extended by %s by %s with %d more status requests (%s), new deadline %s, budget %d, next poll allowed now",
-			rules.ShortDuration(d), by, req.StatusRequests, reason, n.DeadlineAt.UTC().Format("15:04:05"), n.Budget.StatusRequests)
+			rules.ShortDuration(d), by, req.StatusRequests, reason, rules.Clock(n.DeadlineAt), n.Budget.StatusRequests)
 		if req.Note != "" {
 			story += ": " + oneLine(req.Note, 200)
 		}

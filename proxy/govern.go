@@ -198,17 +198,6 @@ func entry(op *rules.Operation, event string, d *rules.Decision, now time.Time) 
 	return e
 }
 
-func clock(t time.Time) string { return t.UTC().Format("15:04:05") }
-
-// createdStory is the first line of an operation's story (R25).
-func createdStory(op *rules.Operation) string {
-	verb := "submitted job " + op.JobID
-	if op.Origin == rules.OriginFirstStatusCal {
-		verb = "first status call for job " + op.JobID + " (not seen at submission)"
-	}
-	return fmt.Sprintf("%s, deadline %s, budget %d", verb, clock(op.DeadlineAt), op.Budget.StatusRequests)
-}
-
 // status governs one status call (R9, R21): answer from the record when the
 // job has ended, 429 when too early or busy, escalate when the deadline or
 // budget is spent, else reserve, forward once, classify, commit, answer.
@@ -234,7 +223,7 @@ func (p *Proxy) status(cl *call) *http.Response {
 		op := rules.NewOperation(prov, cl.c, opID(req), cl.m.JobID, account, rules.OriginFirstStatusCal, now, p.rnd)
 		op.StatusURL = req.URL.String()
 		e := entry(op, "created", nil, now)
-		e.Story = createdStory(op)
+		e.Story = rules.CreatedStory(op)
 		if _, err := p.create(cl, op, e); err != nil {
 			return p.ledgerDown(cl, "create", err)
 		}

@@ -91,7 +91,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	op.StatusURL = sub.StatusURL
 	e := entry(op, "created", nil, now)
 	e.Decision = "submitted"
-	e.Story = createdStory(op)
+	e.Story = rules.CreatedStory(op)
 	cr, err := p.create(cl, op, e)
 	if err != nil {
 		// The job exists at the provider; the agent must learn its id.

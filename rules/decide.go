@@ -85,13 +85,13 @@ func BeforeSend(p *Provider, op *Operation, now time.Time) Decision {
 		return Decision{Action: ActReplay, Op: o, State: o.LastState, Reason: reasonOf(o),
 			Story: fmt.Sprintf("status call answered from the %s record", o.Phase)}
 	case !now.Before(o.DeadlineAt):
-		return EscalateNow(p, op, ReasonDeadlineExceeded, fmt.Sprintf("the deadline %s UTC has passed", clock(o.DeadlineAt)), now)
+		return EscalateNow(p, op, ReasonDeadlineExceeded, fmt.Sprintf("the deadline %s UTC has passed", Clock(o.DeadlineAt)), now)
 	case o.Used.StatusRequests >= o.Budget.StatusRequests:
 		return EscalateNow(p, op, ReasonRequestBudgetExhausted, fmt.Sprintf("all %d status requests are used", o.Budget.StatusRequests), now)
 	case now.Before(o.NextPollAt):
 		wait := o.NextPollAt.Sub(now)
 		return Decision{Action: ActTooEarly, Op: o, NextPollAt: o.NextPollAt, DelaySource: o.DelaySource, Wait: wait, State: o.LastState,
-			Story: fmt.Sprintf("early poll refused, next poll %s from %s", clock(o.NextPollAt), sourceText(o.DelaySource))}
+			Story: fmt.Sprintf("early poll refused, next poll %s from %s", Clock(o.NextPollAt), sourceText(o.DelaySource))}
 	}
 	o.Used.StatusRequests++
 	o.UpdatedAt = now
@@ -469,7 +469,7 @@ func (e *eval) nextFromGuidance(d *Decision) (time.Time, DelaySource) {
 			case err != nil:
 				rejected = append(rejected, fmt.Sprintf("poll_after_seconds %s rejected: %v", clip(r.Raw, 32), err))
 			case !e.now.Add(secs).Before(e.o.DeadlineAt):
-				rejected = append(rejected, fmt.Sprintf("poll_after_seconds %s rejected: it reaches past the deadline %s UTC", clip(r.Raw, 32), clock(e.o.DeadlineAt)))
+				rejected = append(rejected, fmt.Sprintf("poll_after_seconds %s rejected: it reaches past the deadline %s UTC", clip(r.Raw, 32), Clock(e.o.DeadlineAt)))
 				next, src = e.o.DeadlineAt, DelayProviderPollHint
 			default:
 				if t := e.now.Add(secs); t.After(next) {
@@ -486,7 +486,7 @@ func (e *eval) nextFromGuidance(d *Decision) (time.Time, DelaySource) {
 		case ok && t.Before(e.now):
 			rejected = append(rejected, fmt.Sprintf("next_check_at %s rejected: it is in the past", t.UTC().Format(time.RFC3339)))
 		case ok && !t.Before(e.o.DeadlineAt):
-			rejected = append(rejected, fmt.Sprintf("next_check_at %s rejected: it is past the deadline %s UTC", t.UTC().Format(time.RFC3339), clock(e.o.DeadlineAt)))
+			rejected = append(rejected, fmt.Sprintf("next_check_at %s rejected: it is past the deadline %s UTC", t.UTC().Format(time.RFC3339), Clock(e.o.DeadlineAt)))
 			next, src = e.o.DeadlineAt, DelayProviderPollHint
 		case ok && t.After(next):
 			next, src = t, DelayProviderPollHint
@@ -571,7 +571,7 @@ func (e *eval) keepWaiting(d Decision, next time.Time, src DelaySource, label st
 		d.Action = ActWait
 	}
 	if !next.Before(o.DeadlineAt) {
-		why := fmt.Sprintf("no poll is allowed before the deadline %s UTC (the next one would be at %s)", clock(o.DeadlineAt), clock(next))
+		why := fmt.Sprintf("no poll is allowed before the deadline %s UTC (the next one would be at %s)", Clock(o.DeadlineAt), Clock(next))
 		return e.stop(d, ReasonDeadlineExceeded, PhaseEscalated, why, label)
 	}
 	if o.Used.StatusRequests >= o.Budget.StatusRequests {
@@ -584,7 +584,7 @@ func (e *eval) keepWaiting(d Decision, next time.Time, src DelaySource, label st
 	d.NextPollAt = next
 	d.DelaySource = src
 	d.Wait = next.Sub(e.now)
-	d.Story = fmt.Sprintf("%s, next poll %s from %s", label, clock(next), sourceText(src))
+	d.Story = fmt.Sprintf("%s, next poll %s from %s", label, Clock(next), sourceText(src))
 	return d
 }
 
@@ -724,10 +724,10 @@ func escalationMessage(p *Provider, o *Operation, reason Reason, why string, now
 	var b strings.Builder
 	fmt.Fprintf(&b, "operation %s (provider %s, job %s) stopped: %s: %s. ", o.ID, p.Name, orNone(o.JobID), reason, why)
 	fmt.Fprintf(&b, "last state %s; elapsed %s since %s UTC; status requests used %d of %d; ",
-		orNone(clip(o.LastState, 64)), ShortDuration(now.Sub(o.StartedAt).Round(time.Second)), clock(o.StartedAt), o.Used.StatusRequests, o.Budget.StatusRequests)
+		orNone(clip(o.LastState, 64)), ShortDuration(now.Sub(o.StartedAt).Round(time.Second)), Clock(o.StartedAt), o.Used.StatusRequests, o.Budget.StatusRequests)
 	switch {
 	case o.LastHTTP != 0:
-		fmt.Fprintf(&b, "last HTTP result %d at %s UTC", o.LastHTTP, clock(o.LastHTTPAt))
+		fmt.Fprintf(&b, "last HTTP result %d at %s UTC", o.LastHTTP, Clock(o.LastHTTPAt))
 	case o.LastError != "":
 		b.WriteString("no HTTP result yet (last transport error: " + clip(o.LastError, 80) + ")")
 	default:

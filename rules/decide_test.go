@@ -597,12 +597,12 @@ func TestStoryOfARun(t *testing.T) {
 			d = BeforeSend(p, op, now)
 		}
 		if d.Action != ActSend {
-			story = append(story, clock(now)+" "+d.Story)
+			story = append(story, Clock(now)+" "+d.Story)
 			op = d.Op
 			return d
 		}
 		d = OnResponse(p, d.Op, *r, now, rnd)
-		story = append(story, clock(now)+" "+Story(d))
+		story = append(story, Clock(now)+" "+Story(d))
 		op = d.Op
 		return d
 	}
@@ -628,5 +628,18 @@ func TestTransportErrorRedactsURLs(t *testing.T) {
 	}
 	if !strings.Contains(d.Op.LastError, "https://speech.googleapis.com/v1/operations/1") || !strings.Contains(d.Op.LastError, "i/o timeout") {
 		t.Fatalf("error text lost: %q", d.Op.LastError)
+	}
+}
+
+// R25: the first story line names the job, its deadline and budget, and
+// says when pollgate first saw the job at a status call.
+func TestCreatedStory(t *testing.T) {
+	op := &Operation{JobID: "exp_71c", Origin: OriginSubmission, DeadlineAt: time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC), Budget: Budget{StatusRequests: 12}}
+	if got := CreatedStory(op); got != "submitted job exp_71c, deadline 11:00:00, budget 12" {
+		t.Fatalf("submission: %q", got)
+	}
+	op.Origin = OriginFirstStatusCal
+	if got := CreatedStory(op); got != "first status call for job exp_71c (not seen at submission), deadline 11:00:00, budget 12" {
+		t.Fatalf("first status call: %q", got)
 	}
 }

@@ -131,8 +131,18 @@ func clip(s string, n int) string {
 	return s[:n] + "..."
 }
 
-// clock formats a time for story lines and messages.
-func clock(t time.Time) string { return t.UTC().Format("15:04:05") }
+// Clock formats a time for story lines and messages (R25): 15:04:05 UTC.
+func Clock(t time.Time) string { return t.UTC().Format("15:04:05") }
+
+// CreatedStory is the first line of an operation's story (R25), e.g.
+// "submitted job exp_71c, deadline 11:00:00, budget 12".
+func CreatedStory(op *Operation) string {
+	verb := "submitted job " + op.JobID
+	if op.Origin == OriginFirstStatusCal {
+		verb = "first status call for job " + op.JobID + " (not seen at submission)"
+	}
+	return fmt.Sprintf("%s, deadline %s, budget %d", verb, Clock(op.DeadlineAt), op.Budget.StatusRequests)
+}
 
 // ShortDuration prints 15m instead of 15m0s and 1h instead of 1h0m0s, as
 // in escalation options and messages.

@@ -105,7 +105,7 @@ func (s *Seeder) Waiting(provider string) *rules.Operation {
 	id := fmt.Sprintf("op_%s_%02d", provider, s.n)
 	op := rules.NewOperation(p, s.Contract, id, fmt.Sprintf("job_%02d", s.n), "acct_fp", rules.OriginSubmission, Start, s.rnd)
 	op, _, err := s.Store.Create(ctx, op, audit.Entry{Time: Start, Event: "created", DeadlineAt: op.DeadlineAt,
-		Story: fmt.Sprintf("submitted job %s, deadline %s, budget %d", op.JobID, op.DeadlineAt.UTC().Format("15:04:05"), op.Budget.StatusRequests)})
+		Story: rules.CreatedStory(op)})
 	if err != nil {
 		s.T.Fatalf("fixture create: %v", err)
 	}
