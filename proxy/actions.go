@@ -163,7 +163,7 @@ func (p *Proxy) recordAction(cl *call, op *rules.Operation, rec rules.ActionReco
 		})
 	})
 	if err != nil {
-		cl.log.Error("failed to record an action", "op", op.ID, "kind", rec.Kind, "err", err)
+		cl.logger().Error("failed to record an action", "op", op.ID, "kind", rec.Kind, "err", err)
 		return nil
 	}
 	p.gate.remember(ledger.KeyOf(updated), updated)

@@ -28,7 +28,13 @@ type call struct {
 	c    *rules.Contract
 	m    rules.Match
 	prov *rules.Provider
-	log  *slog.Logger
+	base *slog.Logger // the proxy's logger; logger() adds provider and kind
+}
+
+// logger returns the call's child logger. It is built only when a call
+// logs (rare paths), not for every governed request.
+func (cl *call) logger() *slog.Logger {
+	return cl.base.With("provider", cl.prov.Name, "kind", string(cl.m.Kind))
 }
 
 // roundTrip is the ctx.RoundTripper installed for contract hosts (MITM'd
@@ -53,8 +59,7 @@ func (p *Proxy) roundTrip(req *http.Request, _ *goproxy.ProxyCtx) (resp *http.Re
 		// the operation that succeeded.
 		if key, found := p.results.lookup(req.URL); found && req.Method == http.MethodGet {
 			if prov := c.ProviderByName(key.Provider); prov != nil {
-				cl := &call{req: req, c: c, m: rules.Match{Provider: prov, Kind: rules.KindResult, JobID: key.JobID}, prov: prov,
-					log: p.log.With("provider", prov.Name, "kind", string(rules.KindResult))}
+				cl := &call{req: req, c: c, m: rules.Match{Provider: prov, Kind: rules.KindResult, JobID: key.JobID}, prov: prov, base: p.log}
 				resp = p.resultFor(cl, key)
 				if d := resp.Header.Get(HeaderDecision); d != "" {
 					p.obs.Governed(prov.Name, rules.KindResult, d)
@@ -64,8 +69,7 @@ func (p *Proxy) roundTrip(req *http.Request, _ *goproxy.ProxyCtx) (resp *http.Re
 		}
 		return p.passThrough(req), nil
 	}
-	cl := &call{req: req, c: c, m: m, prov: m.Provider,
-		log: p.log.With("provider", m.Provider.Name, "kind", string(m.Kind))}
+	cl := &call{req: req, c: c, m: m, prov: m.Provider, base: p.log}
 	if agentOpID != "" && opIDPattern.MatchString(agentOpID) {
 		req.Header.Set(HeaderOperation, agentOpID) // read back by opID, stripped before forwarding
 	}
@@ -268,7 +272,7 @@ func (p *Proxy) create(cl *call, op *rules.Operation, e audit.Entry) (created, e
 	}
 	cr, err := do()
 	if errors.Is(err, ledger.ErrConflict) {
-		cl.log.Warn("operation id from Pollgate-Operation names another job; using a generated id", "id", op.ID)
+		cl.logger().Warn("operation id from Pollgate-Operation names another job; using a generated id", "id", op.ID)
 		op.ID = "op_" + randomHex(10)
 		e.OperationID = op.ID
 		cr, err = do()
@@ -291,7 +295,7 @@ func (p *Proxy) reserve(key ledger.Key, prov *rules.Provider, now time.Time) (le
 
 // ledgerDown answers 503 for a governed call the ledger could not count.
 func (p *Proxy) ledgerDown(cl *call, stepName string, err error) *http.Response {
-	cl.log.Error("ledger step failed; governed call refused (fail closed)", "step", stepName, "err", err)
+	cl.logger().Error("ledger step failed; governed call refused (fail closed)", "step", stepName, "err", err)
 	return unavailableResponse(cl.req, err)
 }
 
@@ -344,7 +348,7 @@ func (p *Proxy) escalateBeforeSend(cl *call, key ledger.Key, res ledger.Reservat
 	}
 	if stored.Escalation != nil && stored.Escalation.At.Equal(now) {
 		p.obs.Escalated(stored.Clone())
-		cl.log.Info("operation escalated", "op", stored.ID, "reason", stored.Escalation.Reason)
+		cl.logger().Info("operation escalated", "op", stored.ID, "reason", stored.Escalation.Reason)
 	}
 	return p.replay(cl.req, cl.prov, stored)
 }
@@ -378,7 +382,7 @@ func (p *Proxy) poll(cl *call, res ledger.Reservation) *http.Response {
 	})
 	if cerr != nil {
 		if errors.Is(cerr, ledger.ErrFenceLost) || errors.Is(cerr, ledger.ErrConflict) {
-			cl.log.Warn("status answer not committed: the operation changed while the request was in flight",
+			cl.logger().Warn("status answer not committed: the operation changed while the request was in flight",
 				"op", res.Op.ID, "err", cerr)
 			if cur, gerr := step(p, "get", func(ctx context.Context) (*rules.Operation, error) {
 				return p.cfg.Store.Get(ctx, res.Key)
@@ -393,7 +397,7 @@ func (p *Proxy) poll(cl *call, res ledger.Reservation) *http.Response {
 	p.indexResult(prov, committed, cl.m.Params)
 	if d.Action == rules.ActEscalate {
 		p.obs.Escalated(committed.Clone())
-		cl.log.Info("operation escalated", "op", committed.ID, "reason", d.Reason, "story", d.Story)
+		cl.logger().Info("operation escalated", "op", committed.ID, "reason", d.Reason, "story", d.Story)
 		return escalationResponse(req, prov, committed, 0)
 	}
 	if upResp == nil {

@@ -29,7 +29,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 		if large {
 			// Too large to fingerprint: forwarded, the record comes with the
 			// first status call.
-			cl.log.Warn("submission body larger than --max-body; forwarded without a request fingerprint", "max_body", p.cfg.MaxBody)
+			cl.logger().Warn("submission body larger than --max-body; forwarded without a request fingerprint", "max_body", p.cfg.MaxBody)
 			return p.passThrough(req)
 		}
 		body = b
@@ -80,7 +80,7 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	}
 	sub, err := rules.ParseSubmission(prov, rr, matchURL(req.URL))
 	if err != nil {
-		cl.log.Warn("submission answer names no job; no record until the first status call", "err", err)
+		cl.logger().Warn("submission answer names no job; no record until the first status call", "err", err)
 		up.Header.Set(HeaderDecision, DecisionForwarded)
 		return up
 	}
@@ -95,13 +95,13 @@ func (p *Proxy) submit(cl *call) *http.Response {
 	cr, err := p.create(cl, op, e)
 	if err != nil {
 		// The job exists at the provider; the agent must learn its id.
-		cl.log.Error("submission forwarded but its record could not be created; it will be created on the first status call",
+		cl.logger().Error("submission forwarded but its record could not be created; it will be created on the first status call",
 			"job", sub.JobID, "err", err)
 		up.Header.Set(HeaderDecision, DecisionForwarded)
 		return up
 	}
 	if cr.new {
-		cl.log.Info("operation created", "op", cr.op.ID, "job", cr.op.JobID, "deadline", cr.op.DeadlineAt)
+		cl.logger().Info("operation created", "op", cr.op.ID, "job", cr.op.JobID, "deadline", cr.op.DeadlineAt)
 	}
 	setGoverned(up.Header, cr.op, DecisionForwarded)
 	return up
@@ -146,7 +146,7 @@ func (p *Proxy) resubmission(cl *call, prev *rules.Operation, now time.Time) *ht
 		})
 	})
 	if err != nil && !errors.Is(err, ledger.ErrConflict) {
-		cl.log.Warn("failed to record a refused resubmission", "op", prev.ID, "err", err)
+		cl.logger().Warn("failed to record a refused resubmission", "op", prev.ID, "err", err)
 	}
 	view := d.Op
 	view.Terminal = nil // nothing was forwarded: no provider body
