@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -80,8 +81,18 @@ type RedisStore struct {
 
 var _ Store = (*RedisStore)(nil)
 
-// maxCAS bounds the retries of a write whose audit position moved.
-const maxCAS = 16
+// maxCAS bounds the retries of a write whose audit position moved. A
+// "moved" reply carries the fresh record, so a retry costs one round trip.
+// Lease holders (Complete, Escalate) retry at once; admin Updates yield with
+// a short jittered pause (updateYield), so a poll's result is not starved
+// by a burst of admin steps on the same operation.
+const maxCAS = 64
+
+// updateYield is how long an Update waits before its attempt-th retry.
+func updateYield(attempt int) time.Duration {
+	ceiling := min(time.Duration(attempt)*200*time.Microsecond, 5*time.Millisecond)
+	return time.Duration(rand.Int64N(int64(ceiling) + 1))
+}
 
 // indexSlack keeps index entries beyond the deadline and retention, for
 // operations whose deadline is extended.
@@ -558,7 +569,14 @@ func (s *RedisStore) Update(ctx context.Context, id string, now time.Time, fn fu
 		return nil, err
 	}
 	h := opKeyOf(KeyOf(stored))
-	for range maxCAS {
+	for attempt := range maxCAS {
+		if attempt > 0 {
+			select {
+			case <-time.After(updateYield(attempt)):
+			case <-ctx.Done():
+				return nil, unavailable("update operation", ctx.Err())
+			}
+		}
 		n := stored.Clone()
 		entry, err := fn(n)
 		if err != nil {
